@@ -1,0 +1,92 @@
+"""A request's token sequence and its KV block table (pure Python, no torch)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from bucketserve.engine.sampling_params import SamplingParams
+
+_seq_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    """Lifecycle of a sequence inside one engine instance."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED = enum.auto()
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """Prompt plus generated tokens. Only the BlockManager writes `block_table`."""
+
+    token_ids: list[int]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    num_prompt_tokens: int = -1
+    block_table: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError("token_ids must hold at least 1 token, got 0")
+        self.token_ids = list(self.token_ids)
+        if self.num_prompt_tokens < 0:
+            self.num_prompt_tokens = len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return len(self.token_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        """Tokens generated so far."""
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt part of token_ids."""
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        """The generated part of token_ids."""
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def last_token_id(self) -> int:
+        """The newest token (the decode input)."""
+        return self.token_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        """Status is FINISHED."""
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        """Add a generated token."""
+        self.token_ids.append(int(token_id))
+
+
+def check_stop(seq: Sequence, eos_token_ids: tuple[int, ...], max_model_len: int) -> str | None:
+    """Finish reason after the newest token ("stop" / "length"), or None to go on."""
+    params, last = seq.sampling_params, seq.last_token_id
+    may_stop = seq.num_completion_tokens >= params.min_tokens
+    if may_stop and not params.ignore_eos and last in eos_token_ids:
+        return "stop"
+    if may_stop and last in params.stop_token_ids:
+        return "stop"
+    if seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= max_model_len:
+        return "length"
+    return None
+
+
+def finish(seq: Sequence, reason: str) -> None:
+    """Mark `seq` finished with `reason`."""
+    seq.status = SequenceStatus.FINISHED
+    seq.finish_reason = reason

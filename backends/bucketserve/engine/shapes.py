@@ -1,0 +1,180 @@
+"""Model shape metadata: read from a HF config.json, or from the dummy-shape table."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+# Named real shapes for `dummy:<name>` (random weights, benchmarks). Values are the public
+# config.json fields of each model; vocab stays the real model's.
+DUMMY_SHAPES: dict[str, dict] = {
+    "llama-3-8b": dict(
+        model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
+        rms_norm_eps=1e-5, max_position_embeddings=8192, eos_token_id=[128001, 128009],
+    ),
+    "llama-3.1-8b": dict(
+        model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
+        rms_norm_eps=1e-5, max_position_embeddings=131072, eos_token_id=[128001, 128008, 128009],
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=8192),
+    ),
+    "llama-2-7b": dict(
+        model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, rope_theta=10000.0,
+        rms_norm_eps=1e-5, max_position_embeddings=4096, eos_token_id=2,
+    ),
+    "llama-2-13b": dict(
+        model_type="llama", hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+        num_attention_heads=40, num_key_value_heads=40, vocab_size=32000, rope_theta=10000.0,
+        rms_norm_eps=1e-5, max_position_embeddings=4096, eos_token_id=2,
+    ),
+    "mistral-7b": dict(
+        model_type="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=32768, rope_theta=1000000.0,
+        rms_norm_eps=1e-5, max_position_embeddings=32768, eos_token_id=2,
+    ),
+    "qwen2.5-7b": dict(
+        model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, max_position_embeddings=32768, eos_token_id=[151643, 151645],
+    ),
+    "qwen3-8b": dict(
+        model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=40960,
+        eos_token_id=[151645, 151643],
+    ),
+    "smollm2-135m": dict(
+        model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0,
+        rms_norm_eps=1e-5, max_position_embeddings=8192, eos_token_id=2,
+        tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=49152, rope_theta=10000.0,
+        rms_norm_eps=1e-5, max_position_embeddings=2048, eos_token_id=2,
+        tie_word_embeddings=True,
+    ),
+    "tiny-qwen3": dict(
+        model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=49152,
+        rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=2048, eos_token_id=2,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """Architecture facts the engine needs; built from a HF config dict."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    dtype: str = "float32"
+    hf_config: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.model_type not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"model_type must be one of {SUPPORTED_ARCHITECTURES}, got {self.model_type!r}"
+            )
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPE_BYTES)}, got {self.dtype!r}")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V one token occupies across all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (for memory-floor estimates), without norms and biases."""
+        d, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_layer = d * (q + 2 * kv) + q * d + 3 * d * self.intermediate_size
+        embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embed
+
+    def with_dtype(self, dtype: str) -> ModelConfig:
+        """A copy with another KV/weights dtype."""
+        return model_config_from_hf(self.hf_config, dtype=dtype)
+
+
+def _eos_ids(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list | tuple) else (int(value),)
+
+
+def _max_model_len(hf: dict) -> int:
+    max_len = int(hf.get("max_position_embeddings", 2048))
+    # Without sliding-window attention we are exact only inside the window.
+    window = hf.get("sliding_window")
+    if window and hf.get("use_sliding_window", hf.get("model_type") == "mistral"):
+        max_len = min(max_len, int(window))
+    return max_len
+
+
+def model_config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
+    """Build a ModelConfig from a config.json dict."""
+    model_type = hf.get("model_type", "llama")
+    num_heads = int(hf["num_attention_heads"])
+    return ModelConfig(
+        model_type=model_type,
+        num_layers=int(hf["num_hidden_layers"]),
+        hidden_size=int(hf["hidden_size"]),
+        intermediate_size=int(hf["intermediate_size"]),
+        num_heads=num_heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+        head_dim=int(hf.get("head_dim") or hf["hidden_size"] // num_heads),
+        vocab_size=int(hf["vocab_size"]),
+        max_model_len=_max_model_len(hf),
+        eos_token_ids=_eos_ids(hf.get("eos_token_id")),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        rope_theta=float(hf.get("rope_theta", 10000.0)),
+        rope_scaling=hf.get("rope_scaling"),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+        qk_norm=model_type == "qwen3",
+        dtype=dtype,
+        hf_config=dict(hf),
+    )
+
+
+def dummy_model_config(shape: str, dtype: str = "bfloat16") -> ModelConfig:
+    """ModelConfig of a named dummy shape; touches no weights."""
+    if shape not in DUMMY_SHAPES:
+        raise ValueError(f"dummy shape must be one of {sorted(DUMMY_SHAPES)}, got {shape!r}")
+    return model_config_from_hf(DUMMY_SHAPES[shape], dtype=dtype)
+
+
+def read_model_config(model_dir: str, dtype: str = "float32") -> ModelConfig:
+    """ModelConfig of a local HF-style checkpoint directory."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return model_config_from_hf(json.load(f), dtype=dtype)

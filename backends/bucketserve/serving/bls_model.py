@@ -1,0 +1,110 @@
+"""`bucketserve_bls`: drives preprocessing -> scheduler -> decode through BLS and relays the stream.
+
+It exists because a Triton 2.51 ensemble cannot pass a client's cancellation into a step that is
+already running; a top-level decoupled model sees it, and forwards it as a stop request.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from bucketserve.serving.contract import SCALAR_INPUTS, GenerateParams
+from bucketserve.serving.triton_io import bytes_tensor
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+INPUT_NAMES = ("text_input", "stop_words", *SCALAR_INPUTS)
+WATCH_INTERVAL_S = 0.1
+
+
+def call(model: str, inputs: list, outputs: list[str], request_id: str = ""):
+    """A decoupled BLS call; yields its non-empty responses, raising on an error response."""
+    request = pb_utils.InferenceRequest(
+        model_name=model, inputs=inputs, requested_output_names=outputs, request_id=request_id)
+    for resp in request.exec(decoupled=True):
+        if resp.has_error():
+            raise RuntimeError(resp.error().message())
+        if resp.output_tensors():
+            yield resp
+
+
+def stop_request(request_id: str) -> None:
+    """What the ensemble gets from `stop: true`: drop it from the queue, stop its decoding."""
+    params = bytes_tensor("_params", GenerateParams(request_id=request_id, stop=True).to_json())
+    ids = pb_utils.Tensor("_input_ids", np.zeros(0, dtype=np.int32))
+    for resp in call("scheduler", [ids, params], ["_handoff"]):
+        handoff = pb_utils.get_output_tensor_by_name(resp, "_handoff")
+        for _ in call("decode", [pb_utils.Tensor("_handoff", handoff.as_numpy())], ["text_output"]):
+            pass
+
+
+class BlsModel:
+    """One relay thread per request plus a watcher that turns client cancellation into stops."""
+
+    def initialize(self, args: dict) -> None:
+        self.active: dict[str, object] = {}  # request id -> response sender
+        self.stopped: set[str] = set()
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        self.watcher = threading.Thread(target=self.watch, name="bls-watch", daemon=True)
+        self.watcher.start()
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            threading.Thread(target=self.relay, args=(request,), daemon=True).start()
+        return None
+
+    def relay(self, request) -> None:
+        sender = request.get_response_sender()
+        rid = request.request_id() or f"bls-{uuid.uuid4().hex}"
+        with self.lock:
+            self.active[rid] = sender
+        try:
+            self.run(request, sender, rid)
+        except Exception as e:
+            try:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
+            except Exception:  # the client is gone; nothing left to tell it
+                pass
+        finally:
+            with self.lock:
+                self.active.pop(rid, None)
+                self.stopped.discard(rid)
+
+    def run(self, request, sender, rid: str) -> None:
+        inputs = [t for t in (pb_utils.get_input_tensor_by_name(request, n) for n in INPUT_NAMES) if t is not None]
+        pre = pb_utils.InferenceRequest(
+            model_name="preprocessing", inputs=inputs, request_id=rid,
+            requested_output_names=["_input_ids", "_params"]).exec()
+        if pre.has_error():
+            raise RuntimeError(pre.error().message())
+        handoff = None
+        for resp in call("scheduler", pre.output_tensors(), ["_handoff"]):
+            handoff = pb_utils.get_output_tensor_by_name(resp, "_handoff")
+        names = ["text_output", "finish_reason", "num_input_tokens", "num_output_tokens"]
+        for resp in call("decode", [pb_utils.Tensor("_handoff", handoff.as_numpy())], names):
+            reason = pb_utils.get_output_tensor_by_name(resp, "finish_reason").as_numpy().reshape(-1)[0]
+            final = bool(reason)
+            sender.send(pb_utils.InferenceResponse(output_tensors=resp.output_tensors()),
+                        flags=FINAL if final else 0)
+            if final:
+                return
+        sender.send(flags=FINAL)
+
+    def watch(self) -> None:
+        while not self.closing.wait(WATCH_INTERVAL_S):
+            with self.lock:
+                gone = [rid for rid, s in self.active.items() if rid not in self.stopped and s.is_cancelled()]
+                self.stopped.update(gone)
+            for rid in gone:
+                try:
+                    stop_request(rid)
+                except Exception as e:
+                    pb_utils.Logger.log_warn(f"bucketserve_bls: stopping {rid} failed: {e}")
+
+    def finalize(self) -> None:
+        self.closing.set()
+        self.watcher.join()

@@ -1,0 +1,75 @@
+"""ServeConfig: everything the launcher renders into a run folder; one source of defaults."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
+KNOWN_POLICIES = ("static", "fcfs", "distserve", "bucketserve", "bucketserve+")
+DEFAULT_MODEL = "smollm2"
+
+
+@dataclass(slots=True)
+class ServeConfig:
+    """Settings of one server run; validated here, read by every Triton model from run_config.json."""
+
+    model: str = DEFAULT_MODEL
+    policy: str = "bucketserve"
+    prefill_devices: list[str] = field(default_factory=lambda: ["cpu"])
+    decode_devices: list[str] = field(default_factory=lambda: ["cpu"])
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    run_dir: str = ".run/serve"
+    run_id: str = ""  # "": a fresh random id per launch (names the shared-memory segments)
+    dtype: str = "auto"
+    attention: str = "auto"
+    block_size: int = 16
+    kv_cache_gb: float | None = None  # None: 1 GiB per CPU pool, 0.9 x free memory on GPU
+    max_model_len: int | None = None  # None: the model's own context length
+    default_max_tokens: int = 64
+    handoff_timeout_s: float = 30.0
+    preprocessing_instances: int = 2
+    max_prefill_tokens: int = 4096
+    max_decode_batch: int = 256
+    stream_interval_s: float = 0.0  # 0: send whenever the sender is free (coalesce only when behind)
+    log_verbose: int = 0
+    model_dir: str = ""  # filled by the launcher: the resolved local checkpoint directory
+
+    def __post_init__(self) -> None:
+        if self.policy not in KNOWN_POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(KNOWN_POLICIES)}; got {self.policy!r}")
+        for name in ("prefill_devices", "decode_devices"):
+            devices = getattr(self, name)
+            if not devices:
+                raise ValueError(f"{name} must name at least one device (cpu or cuda:N)")
+            for dev in devices:
+                if not DEVICE_RE.match(dev):
+                    raise ValueError(f"{name}: device must be 'cpu' or 'cuda:N', got {dev!r}")
+        for name in ("http_port", "grpc_port", "metrics_port"):
+            port = getattr(self, name)
+            if not 0 < port < 65536:
+                raise ValueError(f"{name} must be in 1..65535, got {port}")
+        if not 1 <= self.block_size <= 1024:
+            raise ValueError(f"block_size must be in 1..1024, got {self.block_size}")
+        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
+            raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
+        if self.default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
+        if self.run_id and not re.match(r"^[A-Za-z0-9]{1,12}$", self.run_id):
+            raise ValueError(f"run_id must be 1-12 letters or digits, got {self.run_id!r}")
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir).resolve()
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def read(cls, path: str | Path) -> ServeConfig:
+        return cls(**json.loads(Path(path).read_text()))

@@ -1,0 +1,178 @@
+"""The decode engine loop: pull KV from prefill pools, continuous batching, text deltas out."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from bucketserve.kv.handoff import HandoffTable
+from bucketserve.kv.transport import PoolHandle, copy_blocks, open_pool
+from bucketserve.serving.detok import TextStream
+from bucketserve.serving.engine_glue import new_sequence, publish_stats
+from bucketserve.serving.handoff import Handoff, PrefillRow
+
+IDLE_WAIT_S = 0.01
+
+
+@dataclass(slots=True)
+class Delta:
+    """Text produced for one request since the last delta; `finish_reason` set on the last."""
+
+    key: int
+    text: str
+    num_output_tokens: int
+    finish_reason: str = ""
+    error: str = ""
+    first_token_s: float = 0.0  # wall time of the first token (set on the first delta)
+    admitted_s: float = 0.0  # wall time the KV was pulled
+
+
+@dataclass(slots=True)
+class Stream:
+    """Decode-side state of one request."""
+
+    key: int
+    handoff: Handoff
+    seq: object = None
+    text: TextStream | None = None
+    num_output: int = 0
+    queued_s: float = field(default_factory=time.monotonic)
+
+
+class DecodeWorker:
+    """Owns the decode runner and its blocks; `submit`/`cancel` are the only entry points."""
+
+    def __init__(self, runner, blocks, tokenizer, stats, outbox: queue.Queue, timeout_s: float) -> None:
+        self.runner, self.blocks, self.stats, self.outbox = runner, blocks, stats, outbox
+        self.tokenizer = tokenizer
+        self.eos = set(runner.model_config.eos_token_ids)
+        self.timeout_s = timeout_s
+        self.inbox: queue.Queue = queue.Queue()
+        self.cancelled: set[int] = set()
+        self.cancel_lock = threading.Lock()
+        self.waiting: deque[Stream] = deque()
+        self.running: list[Stream] = []
+        self.pools: dict[str, object] = {}
+        self.tables: dict[str, HandoffTable] = {}
+        self.stopping = False
+
+    def submit(self, key: int, handoff: Handoff) -> None:
+        self.inbox.put(Stream(key, handoff))
+
+    def cancel(self, key: int) -> None:
+        with self.cancel_lock:
+            self.cancelled.add(key)
+        self.inbox.put(None)  # wake the loop
+
+    def shutdown(self) -> None:
+        self.stopping = True
+        self.inbox.put(None)
+
+    def loop(self) -> None:
+        while not self.stopping:
+            self.drain_inbox(block=not self.running and not self.waiting)
+            self.apply_cancellations()
+            self.admit()
+            if self.running:
+                self.step()
+            self.publish()
+        for s in list(self.waiting) + self.running:
+            self.finish(s, "cancelled", error="server shutting down")
+
+    def drain_inbox(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=IDLE_WAIT_S) if block else self.inbox.get_nowait()
+            while True:
+                if item is not None:
+                    self.waiting.append(item)
+                item = self.inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def apply_cancellations(self) -> None:
+        with self.cancel_lock:
+            if not self.cancelled:
+                return
+            keys, self.cancelled = self.cancelled, set()
+        for s in [s for s in self.waiting if s.key in keys]:
+            self.waiting.remove(s)
+            self.ack(s.handoff)  # the prefill blocks go back without being copied
+            self.finish(s, "cancelled")
+        for s in [s for s in self.running if s.key in keys]:
+            self.running.remove(s)
+            self.finish(s, "cancelled")
+
+    def admit(self) -> None:
+        """Move waiting requests in FIFO order into the running batch while their blocks fit."""
+        while self.waiting:
+            s = self.waiting[0]
+            p = s.handoff.params
+            need = self.blocks.blocks_needed(p.num_input_tokens + p.max_tokens)
+            if not self.blocks.can_allocate(need):
+                if time.monotonic() - s.queued_s > self.timeout_s / 2:
+                    self.waiting.popleft()
+                    self.ack(s.handoff)
+                    self.finish(s, "error", error="decode KV cache exhausted: request waited too long for blocks")
+                    continue
+                return
+            self.waiting.popleft()
+            self.pull(s)
+
+    def pull(self, s: Stream) -> None:
+        h = s.handoff
+        s.seq = new_sequence(h.prompt_ids, PrefillRow.of(h.params))
+        self.blocks.allocate_for(s.seq, h.params.num_input_tokens + h.params.max_tokens)
+        src = self.pool(h.pool)
+        n_src = len(h.block_ids)
+        copy_blocks(src, h.block_ids, self.runner.pool, s.seq.block_table[:n_src])
+        if not self.ack(h):
+            self.finish(s, "error", error="KV hand-off expired before decode pulled it; retry the request")
+            return
+        s.text = TextStream(self.tokenizer, h.params.stop_words)
+        admitted = time.time()
+        self.running.append(s)
+        self.emit(s, h.first_token, first_token_s=admitted, admitted_s=admitted)
+
+    def pool(self, handle_json: str):
+        if handle_json not in self.pools:
+            self.pools[handle_json] = open_pool(PoolHandle.from_json(handle_json), self.runner.device)
+        return self.pools[handle_json]
+
+    def ack(self, h: Handoff) -> bool:
+        if h.handoff_table not in self.tables:
+            self.tables[h.handoff_table] = HandoffTable.open(h.handoff_table)
+        return self.tables[h.handoff_table].ack(h.handoff_id)
+
+    def step(self) -> None:
+        seqs = [s.seq for s in self.running]
+        tokens = self.runner.decode(seqs)
+        for s, tok in zip(list(self.running), tokens, strict=True):
+            self.emit(s, tok)
+
+    def emit(self, s: Stream, token: int, first_token_s: float = 0.0, admitted_s: float = 0.0) -> None:
+        """Append one sampled token, send its text, and finish the request when it is done."""
+        s.seq.append_token(token)
+        s.num_output += 1
+        p = s.handoff.params
+        if token in self.eos:  # the sampler masks EOS until min_tokens is reached
+            return self.finish(s, "stop", first_token_s=first_token_s, admitted_s=admitted_s)
+        text, stopped = s.text.push(token)
+        if stopped:
+            return self.finish(s, "stop", text, first_token_s=first_token_s, admitted_s=admitted_s)
+        if s.num_output >= p.max_tokens:
+            return self.finish(s, "length", text, first_token_s=first_token_s, admitted_s=admitted_s)
+        self.outbox.put(Delta(s.key, text, s.num_output, first_token_s=first_token_s, admitted_s=admitted_s))
+
+    def finish(self, s: Stream, reason: str, text: str = "", error: str = "", **times) -> None:
+        if s in self.running:
+            self.running.remove(s)
+        if s.seq is not None:
+            self.blocks.release(s.seq)
+        tail = s.text.flush() if s.text is not None and reason != "cancelled" else ""
+        self.outbox.put(Delta(s.key, text + tail, s.num_output, reason, error, **times))
+
+    def publish(self) -> None:
+        publish_stats(self.stats, self.runner, self.blocks, len(self.running), len(self.waiting), 0)

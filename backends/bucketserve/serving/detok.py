@@ -1,0 +1,55 @@
+"""Incremental detokenization with stop strings: emit only text that is final."""
+
+from __future__ import annotations
+
+from tokenizers.decoders import DecodeStream
+
+
+def held_suffix(text: str, stop_words: list[str]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of some stop word."""
+    best = 0
+    for word in stop_words:
+        for k in range(min(len(word) - 1, len(text)), best, -1):
+            if word.startswith(text[-k:]):
+                best = k
+                break
+    return best
+
+
+class TextStream:
+    """Turns one request's token ids into text deltas (spaces and multi-byte characters intact)."""
+
+    def __init__(self, tokenizer, stop_words: list[str]) -> None:
+        self.tokenizer = tokenizer  # a `tokenizers.Tokenizer` (fast backend)
+        self.decoder = DecodeStream(skip_special_tokens=True)
+        self.stop_words = stop_words
+        self.text = ""
+        self.sent = 0
+
+    def push(self, token_id: int) -> tuple[str, bool]:
+        """Feed one token; returns (text now safe to send, whether a stop word ended the text)."""
+        piece = self.decoder.step(self.tokenizer, token_id)
+        if piece:
+            self.text += piece
+        if self.stop_words:
+            cut = self.stop_at()
+            if cut is not None:
+                self.text = self.text[:cut]
+                return self.flush(), True
+            safe = len(self.text) - held_suffix(self.text, self.stop_words)
+        else:
+            safe = len(self.text)
+        delta = self.text[self.sent:safe]
+        self.sent = max(self.sent, safe)
+        return delta, False
+
+    def stop_at(self) -> int | None:
+        start = max(0, self.sent - max(len(w) for w in self.stop_words))
+        hits = [i for i in (self.text.find(w, start) for w in self.stop_words) if i >= 0]
+        return min(hits) if hits else None
+
+    def flush(self) -> str:
+        """Everything not yet sent (at the end of the request)."""
+        delta = self.text[self.sent:]
+        self.sent = len(self.text)
+        return delta

@@ -1,0 +1,47 @@
+"""The serving layer's only contact with the engine: build a runner, make sequences, publish stats."""
+
+from __future__ import annotations
+
+import time
+
+from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.handoff import PrefillRow
+
+
+def build_runner(cfg: ServeConfig, device: str, pool_name: str):
+    """A ModelRunner for one engine instance; its KV pool is exported under `pool_name`."""
+    from bucketserve.engine.config import EngineConfig
+    from bucketserve.engine.runner import ModelRunner
+
+    ecfg = EngineConfig(
+        model=cfg.model_dir, device=device, dtype=cfg.dtype, block_size=cfg.block_size,
+        kv_cache_gb=cfg.kv_cache_gb, attention=cfg.attention, max_model_len=cfg.max_model_len,
+        pool_name=pool_name,
+    )
+    return ModelRunner(ecfg)
+
+
+def sampling_of(row: PrefillRow):
+    from bucketserve.engine.sampling_params import SamplingParams
+
+    return SamplingParams(
+        temperature=row.temperature, top_p=row.top_p, top_k=row.top_k, seed=row.seed,
+        min_tokens=row.min_tokens, max_tokens=row.max_tokens,
+    )
+
+
+def new_sequence(token_ids: list[int], row: PrefillRow):
+    from bucketserve.engine.sequence import Sequence
+
+    return Sequence(list(token_ids), sampling_of(row))
+
+
+def publish_stats(stats, runner, blocks, running: int, waiting: int, pending: int) -> None:
+    """Write this instance's numbers to its shared-memory stats block (read by the scheduler)."""
+    stats.publish(
+        total_blocks=blocks.num_total_blocks, free_blocks=blocks.num_free_blocks,
+        block_size=runner.block_size, running=running, waiting=waiting,
+        step_latency_ema_s=runner.step_latency_ema_s, tokens_processed=runner.tokens_processed,
+        kv_bytes_per_token=runner.model_config.kv_bytes_per_token, heartbeat=time.time(),
+        pending_handoffs=pending,
+    )

@@ -1,0 +1,86 @@
+"""The internal messages between scheduler, prefill and decode (JSON in BYTES tensors)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from bucketserve.serving.contract import GenerateParams
+
+KIND_GENERATE = "generate"  # KV is waiting in a prefill pool: pull it and decode
+KIND_STOP = "stop"  # cancel the running request named by `target`
+KIND_CANCELLED = "cancelled"  # cancelled before prefill: answer FINAL at once
+
+
+@dataclass(slots=True)
+class Handoff:
+    """What decode needs to continue a request prefilled elsewhere: only metadata moves."""
+
+    kind: str
+    params: GenerateParams
+    prompt_ids: list[int] = field(default_factory=list)
+    first_token: int = -1
+    prefill_index: int = -1
+    pool: str = ""  # PoolHandle JSON of the prefill instance's KV pool
+    handoff_table: str = ""  # shared-memory name of that instance's ack table
+    handoff_id: int = -1
+    block_ids: list[int] = field(default_factory=list)
+    target: str = ""  # request id to stop (KIND_STOP)
+    arrival_s: float = 0.0  # wall-clock arrival at the scheduler (time.time())
+    prefill_done_s: float = 0.0  # wall-clock end of prefill
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Handoff:
+        obj = json.loads(text)
+        obj["params"] = GenerateParams(**obj["params"])
+        return cls(**obj)
+
+
+@dataclass(slots=True)
+class PrefillRow:
+    """One sequence of a packed prefill batch: its sampling parameters and identity."""
+
+    request_id: str
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    min_tokens: int
+    max_tokens: int
+
+    @classmethod
+    def of(cls, p: GenerateParams) -> PrefillRow:
+        return cls(p.request_id, p.temperature, p.top_p, p.top_k, p.seed, p.min_tokens, p.max_tokens)
+
+
+@dataclass(slots=True)
+class PrefillResult:
+    """Per-sequence outcome of a prefill batch."""
+
+    first_token: int
+    block_ids: list[int]
+    handoff_id: int
+
+
+@dataclass(slots=True)
+class PrefillReply:
+    """The `prefill` model's answer to one packed batch."""
+
+    index: int
+    pool: str
+    handoff_table: str
+    results: list[PrefillResult]
+    duration_s: float
+    error: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PrefillReply:
+        obj = json.loads(text)
+        obj["results"] = [PrefillResult(**r) for r in obj["results"]]
+        return cls(**obj)

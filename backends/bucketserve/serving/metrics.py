@@ -1,0 +1,104 @@
+"""Prometheus metrics on Triton's metrics port through the Python backend's metric API."""
+
+from __future__ import annotations
+
+import triton_python_backend_utils as pb_utils
+
+LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
+BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+MAX_BUCKETS_EXPORTED = 16
+
+
+def family(name: str, description: str, kind):
+    return pb_utils.MetricFamily(name=f"bucketserve_{name}", description=description, kind=kind)
+
+
+def histogram(name: str, description: str, labels: dict, buckets: list[float]):
+    return family(name, description, pb_utils.MetricFamily.HISTOGRAM).Metric(labels=labels, buckets=buckets)
+
+
+def gauge(name: str, description: str, labels: dict):
+    return family(name, description, pb_utils.MetricFamily.GAUGE).Metric(labels=labels)
+
+
+def counter(name: str, description: str, labels: dict):
+    return family(name, description, pb_utils.MetricFamily.COUNTER).Metric(labels=labels)
+
+
+class KvMetrics:
+    """Free and total KV blocks of one engine instance."""
+
+    def __init__(self, instance: str) -> None:
+        labels = {"instance": instance}
+        self.free = gauge("kv_blocks_free", "Free KV cache blocks of an engine instance", labels)
+        self.total = gauge("kv_blocks_total", "KV cache blocks of an engine instance", labels)
+
+    def set(self, free: int, total: int) -> None:
+        self.free.set(free)
+        self.total.set(total)
+
+
+class RequestMetrics:
+    """Per-request latencies and token counts, observed when a request finishes (decode side)."""
+
+    def __init__(self, instance: str) -> None:
+        labels = {"instance": instance}
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token", labels, LATENCY_BUCKETS)
+        self.tpot = histogram("time_per_output_token_seconds", "Mean time per output token after the first", labels, TPOT_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency", labels, LATENCY_BUCKETS)
+        self.handoff = histogram("handoff_latency_seconds", "End of prefill to KV pulled by decode", labels, LATENCY_BUCKETS)
+        self.prompt_tokens = counter("prompt_tokens_total", "Prompt tokens processed", labels)
+        self.generation_tokens = counter("generation_tokens_total", "Tokens generated", labels)
+        self.kind = family("requests_total", "Finished requests by finish reason", pb_utils.MetricFamily.COUNTER)
+        self.by_reason: dict[str, object] = {}
+        self.labels = labels
+
+    def finished(self, reason: str, ttft: float, tpot: float | None, e2e: float, n_in: int, n_out: int) -> None:
+        self.ttft.observe(ttft)
+        if tpot is not None:
+            self.tpot.observe(tpot)
+        self.e2e.observe(e2e)
+        self.prompt_tokens.increment(n_in)
+        self.generation_tokens.increment(n_out)
+        if reason not in self.by_reason:
+            self.by_reason[reason] = self.kind.Metric(labels={**self.labels, "finish_reason": reason})
+        self.by_reason[reason].increment(1)
+
+
+class SchedulerMetrics:
+    """Queue length per bucket, bucket boundaries, batch sizes, padding, decision cost."""
+
+    def __init__(self, policy: str) -> None:
+        labels = {"policy": policy}
+        self.batch_size = histogram("prefill_batch_size", "Requests per prefill batch", labels, BATCH_BUCKETS)
+        self.batch_time = histogram("prefill_batch_seconds", "Prefill batch latency seen by the scheduler", labels, LATENCY_BUCKETS)
+        self.padding = gauge("padding_ratio", "Padding ratio of the last prefill batch", labels)
+        self.num_buckets = gauge("bucket_count", "Number of buckets", labels)
+        self.waiting = gauge("queue_length_total", "Requests waiting for prefill", labels)
+        self.decision_s = counter("scheduler_decision_seconds_total", "Wall time spent deciding batches", labels)
+        self.decisions = counter("scheduler_decisions_total", "Batch decisions taken", labels)
+        qf = family("queue_length", "Requests waiting per bucket", pb_utils.MetricFamily.GAUGE)
+        bf = family("bucket_upper_bound", "Upper bound (exclusive, tokens) of each bucket", pb_utils.MetricFamily.GAUGE)
+        self.queue = [qf.Metric(labels={**labels, "bucket": str(i)}) for i in range(MAX_BUCKETS_EXPORTED)]
+        self.bounds = [bf.Metric(labels={**labels, "bucket": str(i)}) for i in range(MAX_BUCKETS_EXPORTED)]
+        self.last_buckets = -1
+
+    def decision(self, seconds: float, snapshot) -> None:
+        self.decision_s.increment(seconds)
+        self.decisions.increment(1)
+        snap = snapshot.to_dict()
+        bounds = snap.get("bucket_bounds") or []
+        queues = snap.get("queue_lengths") or []
+        self.waiting.set(sum(queues))
+        if len(bounds) != self.last_buckets or queues:
+            self.num_buckets.set(len(bounds))
+            for i in range(MAX_BUCKETS_EXPORTED):
+                self.queue[i].set(queues[i] if i < len(queues) else 0)
+                self.bounds[i].set(bounds[i][1] if i < len(bounds) else 0)
+            self.last_buckets = len(bounds)
+
+    def batch(self, size: int, padding_ratio: float, seconds: float) -> None:
+        self.batch_size.observe(size)
+        self.batch_time.observe(seconds)
+        self.padding.set(padding_ratio)

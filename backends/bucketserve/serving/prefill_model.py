@@ -1,0 +1,115 @@
+"""The `prefill` model: packed prefill of one bucket batch into this instance's exported KV pool."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from bucketserve.kv.handoff import HandoffTable
+from bucketserve.kv.names import shm_name
+from bucketserve.kv.stats import StatsBlock
+from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.engine_glue import build_runner, new_sequence, publish_stats
+from bucketserve.serving.handoff import PrefillReply, PrefillResult, PrefillRow
+from bucketserve.serving.triton_io import bytes_tensor, instance_index, model_parameter
+
+RECLAIM_INTERVAL_S = 0.02
+
+
+class PrefillWorker:
+    """Owns one runner, its block manager and hand-off table; pure of Triton."""
+
+    def __init__(self, cfg: ServeConfig, index: int) -> None:
+        from bucketserve.engine.block_manager import BlockManager
+
+        self.cfg, self.index = cfg, index
+        self.runner = build_runner(cfg, cfg.prefill_devices[index], shm_name(cfg.run_id, "prefill", index, "kv"))
+        self.blocks = BlockManager(self.runner.num_blocks, self.runner.block_size)
+        self.table_name = shm_name(cfg.run_id, "prefill", index, "ho")
+        self.table = HandoffTable.create(self.table_name, self.runner.num_blocks, cfg.handoff_timeout_s)
+        self.stats = StatsBlock.create(shm_name(cfg.run_id, "prefill", index, "st"))
+        self.lock = threading.Lock()
+        self.publish()
+
+    def publish(self) -> None:
+        publish_stats(self.stats, self.runner, self.blocks, 0, 0, self.table.num_pending)
+
+    def reclaim(self) -> None:
+        """Return blocks that decode acknowledged, or that nobody pulled in time."""
+        with self.lock:
+            freed = self.table.reclaim(time.monotonic())
+            if freed:
+                self.blocks.free(freed)
+            self.publish()
+
+    def run(self, ids: np.ndarray, seq_lens: np.ndarray, rows: list[PrefillRow]) -> PrefillReply:
+        start = time.perf_counter()
+        self.reclaim()
+        seqs, offset = [], 0
+        for n, row in zip(seq_lens.tolist(), rows, strict=True):
+            seqs.append(new_sequence(ids[offset:offset + n].tolist(), row))
+            offset += n
+        with self.lock:
+            needed = sum(self.blocks.blocks_needed(s.num_tokens) for s in seqs)
+            if needed > self.blocks.num_free_blocks:
+                raise RuntimeError(f"prefill KV pool full: batch needs {needed} blocks, "
+                                   f"{self.blocks.num_free_blocks} free")
+            for s in seqs:
+                self.blocks.allocate_for(s, s.num_tokens)
+        try:
+            first = self.runner.prefill(seqs)
+        except BaseException:
+            with self.lock:
+                for s in seqs:
+                    self.blocks.release(s)
+            raise
+        now = time.monotonic()
+        results = [PrefillResult(tok, list(s.block_table), self.table.publish(list(s.block_table), now))
+                   for tok, s in zip(first, seqs, strict=True)]
+        self.publish()
+        return PrefillReply(self.index, self.runner.pool_handle.to_json(), self.table_name, results,
+                            time.perf_counter() - start)
+
+    def close(self) -> None:
+        self.stats.close()
+        self.stats.unlink()
+        self.table.close()
+        self.table.unlink()
+
+
+class PrefillModel:
+    """Triton lifecycle: one batch per request from the scheduler; a thread reclaims blocks."""
+
+    def initialize(self, args: dict) -> None:
+        cfg = ServeConfig.read(model_parameter(args, "run_config"))
+        self.worker = PrefillWorker(cfg, instance_index(args))
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.reclaim_loop, name="prefill-reclaim", daemon=True)
+        self.thread.start()
+
+    def reclaim_loop(self) -> None:
+        while not self.stop_event.wait(RECLAIM_INTERVAL_S):
+            self.worker.reclaim()
+
+    def execute(self, requests: list) -> list:
+        return [self.one(r) for r in requests]
+
+    def one(self, request):
+        try:
+            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
+            lens = pb_utils.get_input_tensor_by_name(request, "seq_lens").as_numpy().reshape(-1)
+            raw = pb_utils.get_input_tensor_by_name(request, "sampling").as_numpy().reshape(-1)[0]
+            rows = [PrefillRow(**r) for r in json.loads(raw)]
+            reply = self.worker.run(ids, lens, rows)
+        except Exception as e:  # the scheduler turns this into per-request errors
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"prefill failed: {e}"))
+        return pb_utils.InferenceResponse(output_tensors=[bytes_tensor("result", reply.to_json())])
+
+    def finalize(self) -> None:
+        self.stop_event.set()
+        self.thread.join()
+        self.worker.close()

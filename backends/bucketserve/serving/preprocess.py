@@ -1,0 +1,70 @@
+"""The `preprocessing` model: validate, apply the chat template, tokenize (CPU, several instances)."""
+
+from __future__ import annotations
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.contract import (
+    SCALAR_INPUTS,
+    GenerateParams,
+    check_context,
+    parse_params,
+    text_input,
+)
+from bucketserve.serving.model_info import load_tokenizer, model_info
+from bucketserve.serving.triton_io import model_parameter, read_inputs
+
+INPUT_NAMES = ("text_input", "stop_words", *SCALAR_INPUTS)
+
+
+class Preprocessor:
+    """Turns the user tensors into (prompt token ids, GenerateParams); pure of Triton."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+        self.info = model_info(cfg)
+        self.tokenizer = load_tokenizer(self.info)
+
+    def encode(self, text: str, chat: bool) -> list[int]:
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            messages = [{"role": "user", "content": text}]
+            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        return self.tokenizer.encode(text)
+
+    def __call__(self, inputs: dict[str, np.ndarray], request_id: str) -> tuple[list[int], GenerateParams]:
+        params = parse_params(inputs, self.cfg.default_max_tokens)
+        params.request_id = request_id
+        if params.stop:
+            return [], params
+        text = text_input(inputs.get("text_input"))
+        ids = self.encode(text, params.apply_chat_template)
+        check_context(params, len(ids), self.info.max_model_len)
+        params.num_input_tokens = len(ids)
+        if not params.exclude_input_in_output:
+            params.prompt_text = text
+        return ids, params
+
+
+class PreprocessModel:
+    """Triton lifecycle around Preprocessor; errors become error responses, never exceptions."""
+
+    def initialize(self, args: dict) -> None:
+        self.pre = Preprocessor(ServeConfig.read(model_parameter(args, "run_config")))
+
+    def execute(self, requests: list) -> list:
+        return [self.one(r) for r in requests]
+
+    def one(self, request):
+        try:
+            ids, params = self.pre(read_inputs(request, INPUT_NAMES), request.request_id())
+        except ValueError as e:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("_input_ids", np.asarray(ids, dtype=np.int32)),
+            pb_utils.Tensor("_params", np.array([params.to_json().encode()], dtype=np.object_)),
+        ])
+
+    def finalize(self) -> None:
+        self.pre = None

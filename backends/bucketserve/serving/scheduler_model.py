@@ -1,0 +1,180 @@
+"""The `scheduler` model: BucketServe's gateway, buckets, batch controller and P/D scheduler."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from bucketserve.scheduling import ClusterView, RequestMeta, SchedulerConfig, make_scheduler
+from bucketserve.serving.cluster import ClusterStats
+from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.contract import GenerateParams
+from bucketserve.serving.handoff import (
+    KIND_CANCELLED,
+    KIND_GENERATE,
+    KIND_STOP,
+    Handoff,
+    PrefillReply,
+    PrefillRow,
+)
+from bucketserve.serving.metrics import SchedulerMetrics
+from bucketserve.serving.model_info import model_info
+from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter
+
+IDLE_WAIT_S = 0.005
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+@dataclass(slots=True)
+class Waiting:
+    """A request held here until its prefill batch has run."""
+
+    sender: object
+    ids: list[int]
+    params: GenerateParams
+    arrival_s: float
+
+
+def send_handoff(sender, handoff: Handoff) -> None:
+    response = pb_utils.InferenceResponse(output_tensors=[bytes_tensor("_handoff", handoff.to_json())])
+    sender.send(response, flags=FINAL)
+
+
+def send_error(sender, message: str) -> None:
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
+
+
+class SchedulerModel:
+    """Queues requests, forms prefill batches by policy, calls `prefill`, hands each on to decode."""
+
+    def initialize(self, args: dict) -> None:
+        self.cfg = ServeConfig.read(model_parameter(args, "run_config"))
+        info = model_info(self.cfg)
+        sched_cfg = SchedulerConfig(max_model_len=info.max_model_len, block_size=self.cfg.block_size)
+        self.sched = make_scheduler(self.cfg.policy, sched_cfg, time.monotonic)
+        self.cluster = ClusterStats(self.cfg)
+        self.metrics = SchedulerMetrics(self.cfg.policy)
+        self.waiting: dict[str, Waiting] = {}
+        self.by_user_id: dict[str, str] = {}
+        self.next_key = 0
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self.loop, name="scheduler-loop", daemon=True)
+        self.thread.start()
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                params = GenerateParams.from_json(json_input(request, "_params"))
+                ids = pb_utils.get_input_tensor_by_name(request, "_input_ids").as_numpy().reshape(-1)
+            except Exception as e:
+                send_error(sender, f"scheduler: malformed request: {e}")
+                continue
+            if params.stop:
+                self.stop(sender, params)
+            else:
+                self.enqueue(sender, ids.astype(np.int64).tolist(), params)
+        return None
+
+    def enqueue(self, sender, ids: list[int], params: GenerateParams) -> None:
+        with self.cond:
+            key = str(self.next_key)
+            self.next_key += 1
+            self.waiting[key] = Waiting(sender, ids, params, time.time())
+            if params.request_id:
+                self.by_user_id[params.request_id] = key
+            self.sched.add(RequestMeta(
+                request_id=key, prompt_len=len(ids), max_tokens=params.max_tokens,
+                arrival_s=time.monotonic(), slo_class=params.slo_class,
+                ttft_slo_s=params.ttft_slo_s, tpot_slo_s=params.tpot_slo_s))
+            self.cond.notify()
+
+    def stop(self, sender, params: GenerateParams) -> None:
+        """`stop: true` + request_id: drop it here if still queued, and tell decode to stop it."""
+        with self.cond:
+            key = self.by_user_id.pop(params.request_id, None)
+            item = self.waiting.pop(key, None) if key and self.sched.cancel(key) else None
+        if item is not None:
+            send_handoff(item.sender, Handoff(KIND_CANCELLED, item.params))
+        send_handoff(sender, Handoff(KIND_STOP, params, target=params.request_id))
+
+    def loop(self) -> None:
+        while True:
+            with self.cond:
+                if self.stopping:
+                    return
+                batch, items = self.next_batch()
+                if batch is None:
+                    self.cond.wait(IDLE_WAIT_S)
+                    continue
+            self.dispatch(batch, items)
+
+    def next_batch(self):
+        view: ClusterView | None = self.cluster.view()
+        if view is None or not self.waiting:
+            return None, []
+        t0 = time.perf_counter()
+        batch = self.sched.next_batch(view)
+        self.metrics.decision(time.perf_counter() - t0, self.sched.snapshot())
+        if batch is None:
+            return None, []
+        items = []
+        for meta in batch.requests:
+            item = self.waiting.pop(meta.request_id)
+            if item.params.request_id:
+                self.by_user_id.pop(item.params.request_id, None)
+            items.append(item)
+        return batch, items
+
+    def dispatch(self, batch, items: list[Waiting]) -> None:
+        start = time.perf_counter()
+        try:
+            reply = self.prefill(items)
+        except Exception as e:
+            for item in items:
+                send_error(item.sender, str(e))
+            return
+        duration = time.perf_counter() - start
+        with self.cond:
+            self.sched.on_batch_done(batch, duration)
+        self.metrics.batch(len(items), batch.padding_ratio, duration)
+        done = time.time()
+        for item, res in zip(items, reply.results, strict=True):
+            send_handoff(item.sender, Handoff(
+                KIND_GENERATE, item.params, prompt_ids=item.ids, first_token=res.first_token,
+                prefill_index=reply.index, pool=reply.pool, handoff_table=reply.handoff_table,
+                handoff_id=res.handoff_id, block_ids=res.block_ids, arrival_s=item.arrival_s,
+                prefill_done_s=done))
+
+    def prefill(self, items: list[Waiting]) -> PrefillReply:
+        """One BLS call to `prefill` with the packed batch."""
+        ids = np.concatenate([np.asarray(i.ids, dtype=np.int32) for i in items])
+        lens = np.asarray([len(i.ids) for i in items], dtype=np.int32)
+        rows = json.dumps([asdict(PrefillRow.of(i.params)) for i in items])
+        request = pb_utils.InferenceRequest(
+            model_name="prefill", requested_output_names=["result"],
+            inputs=[pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("seq_lens", lens),
+                    bytes_tensor("sampling", rows)])
+        response = request.exec()
+        if response.has_error():
+            raise RuntimeError(response.error().message())
+        out = pb_utils.get_output_tensor_by_name(response, "result").as_numpy().reshape(-1)[0]
+        return PrefillReply.from_json(out)
+
+    def finalize(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+            pending = list(self.waiting.values())
+            self.waiting.clear()
+        self.thread.join()
+        for item in pending:
+            send_error(item.sender, "server shutting down")
+        self.cluster.close()
+

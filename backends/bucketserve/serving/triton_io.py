@@ -1,0 +1,39 @@
+"""Small helpers over triton_python_backend_utils shared by the serving models."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def model_parameter(args: dict, key: str) -> str:
+    """A string parameter of this model's config.pbtxt."""
+    params = json.loads(args["model_config"]).get("parameters", {})
+    if key not in params:
+        raise RuntimeError(f"config.pbtxt of {args['model_name']} lacks parameter {key!r}")
+    return params[key]["string_value"]
+
+
+def instance_index(args: dict) -> int:
+    """Device index g from the instance name <model>_<g>_<i> (one instance group per device)."""
+    return int(args["model_instance_name"].rsplit("_", 2)[-2])
+
+
+def read_inputs(request, names) -> dict[str, np.ndarray]:
+    """The request's tensors as numpy arrays; absent optional inputs are left out."""
+    out = {}
+    for name in names:
+        t = pb_utils.get_input_tensor_by_name(request, name)
+        if t is not None:
+            out[name] = t.as_numpy()
+    return out
+
+
+def bytes_tensor(name: str, text: str) -> pb_utils.Tensor:
+    return pb_utils.Tensor(name, np.array([text.encode("utf-8")], dtype=np.object_))
+
+
+def json_input(request, name: str) -> str:
+    return pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0].decode()
