@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import threading
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ class HandoffTable:
 
     __slots__ = (
         "name", "num_slots", "timeout_s", "num_acked", "num_expired",
-        "_owner", "_pub", "_expired", "_ack", "_pending", "_free", "_busy",
+        "_owner", "_pub", "_expired", "_ack", "_pending", "_free", "_busy", "_lock",
     )  # fmt: skip
 
     def __init__(self, name: str, mm: mmap.mmap, owner: SharedMemory | None, timeout_s: float):
@@ -52,6 +53,7 @@ class HandoffTable:
         self._pending: dict[int, _Pending] = {}  # slot -> hand-off (producer only)
         self._free: deque[int] = deque(range(n))  # FIFO: a slot is reused as late as possible
         self._busy: set[int] = set()  # block ids currently pending
+        self._lock = threading.Lock()  # producer threads (execute, reclaim loop) may overlap
 
     @classmethod
     def create(cls, name: str, num_blocks: int, timeout_s: float) -> HandoffTable:
@@ -94,6 +96,7 @@ class HandoffTable:
 
     def publish(self, block_ids: Iterable[int], now: float) -> int:
         """Mark blocks pending for decode and return the hand-off id to send with them."""
+        # The blocks' KV must be complete on the device (e.g. the first token was read back).
         self._require_owner("publish")
         ids = [int(b) for b in block_ids]
         if not ids:
@@ -101,37 +104,38 @@ class HandoffTable:
         for b in ids:
             if not 0 <= b < self.num_slots:
                 raise ValueError(f"block_ids contains {b}, must be in [0, {self.num_slots})")
-        if len(set(ids)) != len(ids) or self._busy.intersection(ids):
-            raise ValueError("block_ids repeats a block or names one already pending")
-        slot = (
-            self._free.popleft()
-        )  # never empty: pending hand-offs < num_slots while a block is free
-        gen = int(self._pub[slot]) + 1
-        self._pub[slot] = gen
-        self._pending[slot] = _Pending(gen, ids, now + self.timeout_s)
-        self._busy.update(ids)
+        with self._lock:
+            if len(set(ids)) != len(ids) or self._busy.intersection(ids):
+                raise ValueError("block_ids repeats a block or names one already pending")
+            # Never empty: every pending hand-off holds >= 1 of the num_slots blocks, one is free.
+            slot = self._free.popleft()
+            gen = int(self._pub[slot]) + 1
+            self._pub[slot] = gen
+            self._pending[slot] = _Pending(gen, ids, now + self.timeout_s)
+            self._busy.update(ids)
         return gen * self.num_slots + slot
 
     def reclaim(self, now: float) -> list[int]:
         """Return the block ids of acked or expired hand-offs; the caller frees them (once)."""
         self._require_owner("reclaim")
         freed: list[int] = []
-        for slot, p in list(self._pending.items()):
-            if int(self._ack[slot]) != p.gen:
-                if now < p.deadline:
-                    continue
-                # Announce the expiry, then look again for an ack that raced with it (Dekker): a
-                # consumer that acks after this point reads expired_gen and discards its copy.
-                self._expired[slot] = p.gen
-                shm.full_fence()
-            if int(self._ack[slot]) == p.gen:
-                self.num_acked += 1
-            else:
-                self.num_expired += 1
-            del self._pending[slot]
-            self._free.append(slot)
-            self._busy.difference_update(p.block_ids)
-            freed.extend(p.block_ids)
+        with self._lock:
+            for slot, p in list(self._pending.items()):
+                if int(self._ack[slot]) != p.gen:
+                    if now < p.deadline:
+                        continue
+                    # Announce the expiry, then look again for an ack that raced with it
+                    # (Dekker): a consumer acking after this reads expired_gen and discards.
+                    self._expired[slot] = p.gen
+                    shm.full_fence()
+                if int(self._ack[slot]) == p.gen:
+                    self.num_acked += 1
+                else:
+                    self.num_expired += 1
+                del self._pending[slot]
+                self._free.append(slot)
+                self._busy.difference_update(p.block_ids)
+                freed.extend(p.block_ids)
         return freed
 
     def ack(self, handoff_id: int) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, fields
 from multiprocessing.shared_memory import SharedMemory
@@ -40,11 +41,12 @@ _INDEX = {name: i for i, name in enumerate(_FIELDS)}
 class StatsBlock:
     """Seqlock-protected record: one writer (the engine), any number of cheap readers."""
 
-    __slots__ = ("name", "_owner", "_words", "_values")
+    __slots__ = ("name", "_owner", "_words", "_values", "_lock")
 
     def __init__(self, name: str, words: np.ndarray, owner: SharedMemory | None):
         self.name, self._words, self._owner = name, words, owner
         self._values = words[_HEADER_WORDS:].copy()  # writer's staged record (int64 bit patterns)
+        self._lock = threading.Lock()  # the seqlock allows one writer: serialise writer threads
 
     @classmethod
     def create(cls, name: str) -> StatsBlock:
@@ -80,16 +82,17 @@ class StatsBlock:
                 f"publish() is for the engine that created stats block {self.name!r}"
             )
         values.setdefault("heartbeat", time.time())
-        staged = self._values.copy()
-        for name, value in values.items():
-            self._stage(staged, name, value)
-        seq = int(self._words[2])
-        self._words[2] = seq + 1  # odd: update in progress
-        shm.full_fence()
-        self._words[_HEADER_WORDS:] = staged
-        shm.full_fence()
-        self._words[2] = seq + 2
-        self._values = staged
+        with self._lock:
+            staged = self._values.copy()
+            for name, value in values.items():
+                self._stage(staged, name, value)
+            seq = int(self._words[2])
+            self._words[2] = seq + 1  # odd: update in progress
+            shm.full_fence()
+            self._store(staged)
+            shm.full_fence()
+            self._words[2] = seq + 2
+            self._values = staged
 
     def read(self) -> InstanceStatsSnapshot:
         """Return a consistent snapshot, retrying while the writer is mid-update."""
@@ -117,6 +120,9 @@ class StatsBlock:
         if self._owner is None:
             raise RuntimeError(f"unlink() is for the engine that created stats block {self.name!r}")
         self._owner.unlink()
+
+    def _store(self, staged: np.ndarray) -> None:
+        self._words[_HEADER_WORDS:] = staged
 
     @staticmethod
     def _stage(staged: np.ndarray, name: str, value: float) -> None:

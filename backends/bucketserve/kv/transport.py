@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.shared_memory import SharedMemory
@@ -65,12 +66,12 @@ class PoolHandle:
 class _Entry:
     tensor: torch.Tensor
     owner_shm: SharedMemory | None  # set only in the process that created a CPU pool
-    is_owner: bool
 
 
 # Pools this process allocated or opened, keyed by (name, uid). A per-process cache is the point:
 # each peer pool is mapped/opened once and reused for every hand-off (like torch's shared_cache).
 _POOLS: dict[tuple[str, str], _Entry] = {}
+_POOLS_LOCK = threading.Lock()  # decode threads may open the same peer pool at once
 
 
 def allocate_pool(
@@ -79,45 +80,48 @@ def allocate_pool(
     """Allocate a zeroed pool shared with peers: POSIX shm on CPU, a CUDA IPC export on GPU."""
     dev = torch.device(device)
     dtype_name = _dtype_name(dtype)
-    if any(key[0] == name for key in _POOLS):
-        raise ValueError(f"pool name={name!r} is already in use here; release_pool it first")
-    nbytes = math.prod(int(d) for d in shape) * _torch_dtype(dtype_name).itemsize
-    if dev.type == "cpu":
-        handle = PoolHandle("shm", name, tuple(shape), dtype_name, "cpu", nbytes)
-        owner = shm.create_segment(name, nbytes, f"KV pool {name!r}")
-        tensor = _view(shm.map_segment(name, nbytes), handle)
-        _POOLS[(name, handle.uid)] = _Entry(tensor, owner, True)
-    elif dev.type == "cuda":
-        flat, ipc = cuda_ipc.allocate_exported(nbytes, dev)
-        handle = PoolHandle(
-            "cuda_ipc", name, tuple(shape), dtype_name, str(flat.device), nbytes, ipc=ipc
-        )
-        tensor = _view(flat, handle)
-        _POOLS[(name, handle.uid)] = _Entry(tensor, None, True)
-    else:
-        raise ValueError(f"device={dev} must be cpu or cuda")
+    with _POOLS_LOCK:
+        if any(key[0] == name for key in _POOLS):
+            raise ValueError(f"pool name={name!r} is already in use here; release_pool it first")
+        nbytes = math.prod(int(d) for d in shape) * _torch_dtype(dtype_name).itemsize
+        if dev.type == "cpu":
+            handle = PoolHandle("shm", name, tuple(shape), dtype_name, "cpu", nbytes)
+            owner = shm.create_segment(name, nbytes, f"KV pool {name!r}")
+            tensor = _view(shm.map_segment(name, nbytes), handle)
+            _POOLS[(name, handle.uid)] = _Entry(tensor, owner)
+        elif dev.type == "cuda":
+            flat, ipc = cuda_ipc.allocate_exported(nbytes, dev)
+            handle = PoolHandle(
+                "cuda_ipc", name, tuple(shape), dtype_name, str(flat.device), nbytes, ipc=ipc
+            )
+            tensor = _view(flat, handle)
+            _POOLS[(name, handle.uid)] = _Entry(tensor, None)
+        else:
+            raise ValueError(f"device={dev} must be cpu or cuda")
     return tensor, handle
 
 
 def open_pool(handle: PoolHandle, device: torch.device | str | None = None) -> torch.Tensor:
     """Open a peer's pool zero-copy (once per process); device rewrites the CUDA index locally."""
-    entry = _POOLS.get((handle.name, handle.uid))
-    if entry is not None:
-        return entry.tensor
-    if handle.kind == "shm":
-        if device is not None and torch.device(device).type != "cpu":
-            raise ValueError(f"device={device} must be cpu for a shm pool")
-        tensor = _view(shm.map_segment(handle.name, handle.nbytes), handle)
-    else:
-        local = torch.device(device if device is not None else handle.device)
-        tensor = _view(cuda_ipc.open_exported(handle.ipc, local), handle)
-    _POOLS[(handle.name, handle.uid)] = _Entry(tensor, None, False)
-    return tensor
+    with _POOLS_LOCK:
+        entry = _POOLS.get((handle.name, handle.uid))
+        if entry is not None:
+            return entry.tensor
+        if handle.kind == "shm":
+            if device is not None and torch.device(device).type != "cpu":
+                raise ValueError(f"device={device} must be cpu for a shm pool")
+            tensor = _view(shm.map_segment(handle.name, handle.nbytes), handle)
+        else:
+            local = torch.device(device if device is not None else handle.device)
+            tensor = _view(cuda_ipc.open_exported(handle.ipc, local), handle)
+        _POOLS[(handle.name, handle.uid)] = _Entry(tensor, None)
+        return tensor
 
 
 def release_pool(handle: PoolHandle) -> None:
     """Forget a pool in this process; the owner also unlinks its segment, peers never do."""
-    entry = _POOLS.pop((handle.name, handle.uid), None)
+    with _POOLS_LOCK:
+        entry = _POOLS.pop((handle.name, handle.uid), None)
     if entry is None:
         return
     # The mapping itself goes away when the last tensor view is dropped (views keep it alive), so

@@ -33,6 +33,8 @@ class ClusterStats:
         roles: dict[str, list[InstanceStats]] = {"prefill": [], "decode": []}
         for (role, index), block in sorted(self.blocks.items()):
             s = block.read()
+            if not s.heartbeat:  # created but not yet published
+                return None
             roles[role].append(InstanceStats(
                 instance_id=f"{role}{index}", role=role, total_blocks=s.total_blocks,
                 free_blocks=s.free_blocks, block_size=s.block_size, running=s.running + s.waiting,

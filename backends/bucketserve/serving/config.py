@@ -28,7 +28,7 @@ class ServeConfig:
     run_id: str = ""  # "": a fresh random id per launch (names the shared-memory segments)
     dtype: str = "auto"
     attention: str = "auto"
-    block_size: int = 16
+    block_size: int | None = None  # None: 16, or 256 with flash_attn
     kv_cache_gb: float | None = None  # None: 1 GiB per CPU pool, 0.9 x free memory on GPU
     max_model_len: int | None = None  # None: the model's own context length
     default_max_tokens: int = 64
@@ -54,7 +54,7 @@ class ServeConfig:
             port = getattr(self, name)
             if not 0 < port < 65536:
                 raise ValueError(f"{name} must be in 1..65535, got {port}")
-        if not 1 <= self.block_size <= 1024:
+        if self.block_size is not None and not 1 <= self.block_size <= 1024:
             raise ValueError(f"block_size must be in 1..1024, got {self.block_size}")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")

@@ -13,10 +13,10 @@ def build_runner(cfg: ServeConfig, device: str, pool_name: str):
     from bucketserve.engine.config import EngineConfig
     from bucketserve.engine.runner import ModelRunner
 
+    optional = {"kv_cache_gb": cfg.kv_cache_gb} if cfg.kv_cache_gb is not None else {}
     ecfg = EngineConfig(
         model=cfg.model_dir, device=device, dtype=cfg.dtype, block_size=cfg.block_size,
-        kv_cache_gb=cfg.kv_cache_gb, attention=cfg.attention, max_model_len=cfg.max_model_len,
-        pool_name=pool_name,
+        attention=cfg.attention, max_model_len=cfg.max_model_len, pool_name=pool_name, **optional,
     )
     return ModelRunner(ecfg)
 
@@ -41,7 +41,8 @@ def publish_stats(stats, runner, blocks, running: int, waiting: int, pending: in
     stats.publish(
         total_blocks=blocks.num_total_blocks, free_blocks=blocks.num_free_blocks,
         block_size=runner.block_size, running=running, waiting=waiting,
-        step_latency_ema_s=runner.step_latency_ema_s, tokens_processed=runner.tokens_processed,
+        step_latency_ema_s=runner.stats.ema_decode_s or runner.stats.ema_prefill_s,
+        tokens_processed=runner.stats.num_tokens,
         kv_bytes_per_token=runner.model_config.kv_bytes_per_token, heartbeat=time.time(),
         pending_handoffs=pending,
     )

@@ -10,8 +10,14 @@ BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 MAX_BUCKETS_EXPORTED = 16
 
 
+_FAMILIES: dict[str, object] = {}  # a MetricFamily must outlive its Metrics: keep them all
+
+
 def family(name: str, description: str, kind):
-    return pb_utils.MetricFamily(name=f"bucketserve_{name}", description=description, kind=kind)
+    full = f"bucketserve_{name}"
+    if full not in _FAMILIES:
+        _FAMILIES[full] = pb_utils.MetricFamily(name=full, description=description, kind=kind)
+    return _FAMILIES[full]
 
 
 def histogram(name: str, description: str, labels: dict, buckets: list[float]):
@@ -83,10 +89,13 @@ class SchedulerMetrics:
         self.queue = [qf.Metric(labels={**labels, "bucket": str(i)}) for i in range(MAX_BUCKETS_EXPORTED)]
         self.bounds = [bf.Metric(labels={**labels, "bucket": str(i)}) for i in range(MAX_BUCKETS_EXPORTED)]
         self.last_buckets = -1
+        self.seen_decisions = 0
 
     def decision(self, seconds: float, snapshot) -> None:
+        """Decision time accumulated since the last call, and the monitor's queue picture."""
         self.decision_s.increment(seconds)
-        self.decisions.increment(1)
+        self.decisions.increment(snapshot.decisions - self.seen_decisions)
+        self.seen_decisions = snapshot.decisions
         snap = snapshot.to_dict()
         bounds = snap.get("bucket_bounds") or []
         queues = snap.get("queue_lengths") or []

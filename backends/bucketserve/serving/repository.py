@@ -37,7 +37,7 @@ def instance_groups(devices: list[str]) -> str:
 def template_vars(cfg: ServeConfig, templates: Path, run_config: Path) -> dict[str, str]:
     user_inputs = (templates / "_user_inputs.pbtxt").read_text().rstrip()
     names = re.findall(r'name: "(\w+)"', user_inputs)
-    input_map = "\n".join(f'        input_map {{ key: "{n}" value: "{n}" }}' for n in names)
+    input_map = "\n".join(f'      input_map {{ key: "{n}" value: "{n}" }}' for n in names)
     return {
         "user_inputs": user_inputs,
         "user_outputs": (templates / "_user_outputs.pbtxt").read_text().rstrip(),

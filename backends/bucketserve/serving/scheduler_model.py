@@ -27,6 +27,7 @@ from bucketserve.serving.model_info import model_info
 from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter
 
 IDLE_WAIT_S = 0.005
+METRICS_INTERVAL_S = 0.5
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
@@ -55,13 +56,14 @@ class SchedulerModel:
     def initialize(self, args: dict) -> None:
         self.cfg = ServeConfig.read(model_parameter(args, "run_config"))
         info = model_info(self.cfg)
-        sched_cfg = SchedulerConfig(max_model_len=info.max_model_len, block_size=self.cfg.block_size)
+        sched_cfg = SchedulerConfig(max_model_len=info.max_model_len, block_size=self.cfg.block_size or 16)
         self.sched = make_scheduler(self.cfg.policy, sched_cfg, time.monotonic)
         self.cluster = ClusterStats(self.cfg)
         self.metrics = SchedulerMetrics(self.cfg.policy)
         self.waiting: dict[str, Waiting] = {}
         self.by_user_id: dict[str, str] = {}
         self.next_key = 0
+        self.decision_s, self.next_metrics = 0.0, 0.0
         self.cond = threading.Condition()
         self.stopping = False
         self.thread = threading.Thread(target=self.loop, name="scheduler-loop", daemon=True)
@@ -121,7 +123,10 @@ class SchedulerModel:
             return None, []
         t0 = time.perf_counter()
         batch = self.sched.next_batch(view)
-        self.metrics.decision(time.perf_counter() - t0, self.sched.snapshot())
+        self.decision_s += time.perf_counter() - t0
+        if batch is not None or time.monotonic() >= self.next_metrics:
+            self.metrics.decision(self.decision_s, self.sched.snapshot())
+            self.decision_s, self.next_metrics = 0.0, time.monotonic() + METRICS_INTERVAL_S
         if batch is None:
             return None, []
         items = []

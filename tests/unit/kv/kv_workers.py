@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
-import torch
+import secrets
 
 from bucketserve.kv.handoff import HandoffTable
+from bucketserve.kv.shm import unlink_stale
 from bucketserve.kv.stats import StatsBlock
-from bucketserve.kv.transport import PoolHandle, allocate_pool, copy_blocks, open_pool, release_pool
 
 
-def pull_and_ack(handle_json: str, table_name: str, jobs: list, device: str, out) -> None:
+def pull_and_ack(
+    handle_json: str, table_name: str, jobs: list, src_device: str, dst_device: str, out
+) -> None:
     """Decode side: open the peer pool, copy each job's blocks, compare bytes, ack; report back."""
+    import torch  # here, not at module level: the stats child starts faster without torch
+    from bucketserve.kv.transport import (
+        PoolHandle,
+        allocate_pool,
+        copy_blocks,
+        open_pool,
+        release_pool,
+    )
+
     handle = PoolHandle.from_json(handle_json)
-    src = open_pool(handle, device)
-    assert open_pool(handle, device) is src  # cached per process
+    src = open_pool(handle, src_device)
+    assert open_pool(handle, src_device) is src  # cached per process
     shape = list(handle.shape)
     shape[2] = 8
-    dst, dst_handle = allocate_pool(shape, handle.dtype, device, f"{handle.name}c")
+    dst, dst_handle = allocate_pool(shape, handle.dtype, dst_device, f"{handle.name}c")
     table = HandoffTable.open(table_name)
     results = []
     for handoff_id, src_ids in jobs:
@@ -36,6 +47,7 @@ def pull_and_ack(handle_json: str, table_name: str, jobs: list, device: str, out
 def read_stats(name: str, target: int, out) -> None:
     """Monitor side: read until the writer's counter reaches target; count torn snapshots."""
     block = StatsBlock.open(name)
+    out.put("ready")
     reads = torn = backwards = last = 0
     while last < target:
         s = block.read()
@@ -47,3 +59,21 @@ def read_stats(name: str, target: int, out) -> None:
         reads += 1
     block.close()
     out.put((reads, torn, backwards))
+
+
+class ShmNames:
+    """Unique shm names for one test, with every leftover segment unlinked at teardown."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_hex(3)
+        self.made: list[str] = []
+
+    def __call__(self, kind: str) -> str:
+        name = f"bst{self.token}{kind}"
+        self.made.append(name)
+        return name
+
+    def cleanup(self) -> None:
+        for name in self.made:
+            for suffix in ("", "c"):
+                unlink_stale(name + suffix)

@@ -1,0 +1,181 @@
+"""ModelRunner: owns the model and the KV pool; runs packed prefill and batched decode steps."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import torch
+
+from bucketserve.engine import loader
+from bucketserve.engine.attention import (
+    FLASH_BLOCK_MULTIPLE,
+    AttentionMetadata,
+    make_backend,
+    resolve_backend_name,
+)
+from bucketserve.engine.config import EngineConfig, resolve_device, resolve_dtype
+from bucketserve.engine.kv_pool import allocate_kv_pool, auto_num_blocks
+from bucketserve.engine.sampler import Sampler, SampleRow
+from bucketserve.engine.sequence import Sequence
+from bucketserve.engine.shapes import ModelConfig
+from bucketserve.engine.step_stats import StepStats
+
+
+class ModelRunner:
+    """One model instance on one device with one paged KV pool."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.tokenizer_dir = loader.resolve_model(config.model)
+        self.model_config = self._load_model_config()
+        self.attention_backend = resolve_backend_name(config.attention, self.device)
+        self.block_size = self._block_size()
+        self._backend = make_backend(self.attention_backend)
+        is_dummy = loader.is_dummy(config.model)
+        self.model = loader.build_model(
+            self.model_config, None if is_dummy else self.tokenizer_dir, self.device,
+            self.dtype, self.model_config.max_model_len, config.seed,
+        )  # fmt: skip
+        self.num_blocks = config.num_blocks or auto_num_blocks(
+            config, self.device, self.block_size, self.model_config
+        )
+        name = config.pool_name or f"bs_engine_{os.getpid()}_{id(self) & 0xFFFF:x}_kv"
+        self.pool, self.pool_handle = allocate_kv_pool(
+            self.model_config, self.num_blocks, self.block_size, self.dtype, self.device, name
+        )  # pool: [L, 2, num_blocks, block_size, KVH, hd]
+        self.sampler = Sampler(self.device, config.seed)
+        self.stats = StepStats()
+
+    def _load_model_config(self) -> ModelConfig:
+        dtype_name = str(resolve_dtype(self.config.dtype, self.device)).removeprefix("torch.")
+        mc = loader.model_config_for(self.config.model, dtype=dtype_name)
+        max_len = min(self.config.max_model_len or mc.max_model_len, mc.max_model_len)
+        return dataclasses.replace(mc, max_model_len=max_len)
+
+    def _block_size(self) -> int:
+        size = self.config.block_size
+        if self.attention_backend != "flash_attn":
+            return size or 16
+        if size is not None and size % FLASH_BLOCK_MULTIPLE:
+            raise ValueError(f"block_size must be a multiple of {FLASH_BLOCK_MULTIPLE} for "
+                             f"attention='flash_attn', got {size}")  # fmt: skip
+        return size or FLASH_BLOCK_MULTIPLE
+
+    # ---- public steps -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Sequence]) -> list[int]:
+        """Run all tokens of each sequence; returns the sampled next token per sequence."""
+        start = time.perf_counter()
+        tokens = self.sampler(self._prefill_logits(seqs), self._sample_rows(seqs))
+        num_tokens = sum(s.num_tokens for s in seqs)
+        self.stats.record(True, len(seqs), num_tokens, time.perf_counter() - start)
+        return tokens
+
+    @torch.inference_mode()
+    def decode(self, seqs: list[Sequence]) -> list[int]:
+        """One step: feed each sequence's newest token; returns the next token per sequence."""
+        start = time.perf_counter()
+        tokens = self.sampler(self._decode_logits(seqs), self._sample_rows(seqs))
+        self.stats.record(False, len(seqs), len(seqs), time.perf_counter() - start)
+        return tokens
+
+    @torch.inference_mode()
+    def prefill_logits(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Like prefill, but returns the last-position logits [B, V] (float32)."""
+        return self._prefill_logits(seqs)
+
+    @torch.inference_mode()
+    def decode_logits(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Like decode, but returns the logits [B, V] (float32)."""
+        return self._decode_logits(seqs)
+
+    def close(self) -> None:
+        """Release the KV pool's shared memory / IPC export."""
+        from bucketserve.kv.transport import release_pool
+
+        release_pool(self.pool_handle)
+
+    # ---- step inputs --------------------------------------------------------------------
+
+    def _prefill_logits(self, seqs: list[Sequence]) -> torch.Tensor:
+        input_ids, positions, slot_mapping, seq_lens, last_indices = [], [], [], [], []
+        for seq in seqs:
+            n = self._check_blocks(seq)
+            input_ids.extend(seq.token_ids)
+            positions.extend(range(n))
+            slot_mapping.extend(self._slots(seq.block_table, n))
+            seq_lens.append(n)
+            last_indices.append(len(input_ids) - 1)
+        cu_seqlens = [0]
+        for n in seq_lens:
+            cu_seqlens.append(cu_seqlens[-1] + n)
+        meta = AttentionMetadata(
+            is_prefill=True, slot_mapping=self._tensor(slot_mapping, torch.int64),
+            seq_lens=seq_lens, max_seqlen=max(seq_lens),
+            cu_seqlens=self._tensor(cu_seqlens, torch.int32),
+        )  # fmt: skip
+        hidden = self._forward(input_ids, positions, meta)  # [T, D]
+        return self.model.compute_logits(hidden[self._tensor(last_indices, torch.int64)])
+
+    def _decode_logits(self, seqs: list[Sequence]) -> torch.Tensor:
+        bs = self.block_size
+        input_ids, positions, slot_mapping, context_lens = [], [], [], []
+        for seq in seqs:
+            n = self._check_blocks(seq)
+            input_ids.append(seq.last_token_id)
+            positions.append(n - 1)
+            slot_mapping.append(seq.block_table[(n - 1) // bs] * bs + (n - 1) % bs)
+            context_lens.append(n)
+        max_blocks = -(-max(context_lens) // bs)
+        tables = [s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table)) for s in seqs]
+        context_t = self._tensor(context_lens, torch.int32)
+        meta = AttentionMetadata(
+            is_prefill=False, slot_mapping=self._tensor(slot_mapping, torch.int64),
+            seq_lens=context_lens, max_seqlen=max(context_lens),
+            block_tables=self._tensor(tables, torch.int32), context_lens=context_t,
+        )  # fmt: skip
+        if self._backend.needs_decode_mask:
+            span = torch.arange(max_blocks * bs, device=self.device)
+            meta.attn_mask = (span < context_t.unsqueeze(1))[:, None, None, :]  # [B, 1, 1, S]
+        hidden = self._forward(input_ids, positions, meta)  # [B, D]
+        return self.model.compute_logits(hidden)
+
+    def _forward(self, input_ids: list[int], positions: list[int], meta) -> torch.Tensor:
+        ids = self._tensor(input_ids, torch.int64)
+        pos = self._tensor(positions, torch.int64)
+        return self.model(ids, pos, meta, self.pool, self._backend)
+
+    def _check_blocks(self, seq: Sequence) -> int:
+        n = seq.num_tokens
+        if n > self.model_config.max_model_len:
+            raise ValueError(
+                f"sequence {seq.seq_id} has {n} tokens, max_model_len is "
+                f"{self.model_config.max_model_len}"
+            )
+        if len(seq.block_table) * self.block_size < n:
+            raise ValueError(
+                f"sequence {seq.seq_id} needs blocks for {n} tokens, its block_table covers "
+                f"{len(seq.block_table) * self.block_size}; allocate through the BlockManager"
+            )
+        return n
+
+    def _slots(self, block_table: list[int], num_tokens: int) -> list[int]:
+        bs, slots = self.block_size, []
+        for i in range(-(-num_tokens // bs)):
+            first = block_table[i] * bs
+            slots.extend(range(first, first + min(bs, num_tokens - i * bs)))
+        return slots
+
+    def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
+        is_cuda = self.device.type == "cuda"
+        t = torch.tensor(data, dtype=dtype, pin_memory=is_cuda)
+        return t.to(self.device, non_blocking=True) if is_cuda else t
+
+    def _sample_rows(self, seqs: list[Sequence]) -> list[SampleRow]:
+        eos = self.model_config.eos_token_ids
+        return [SampleRow(s.sampling_params, s.num_completion_tokens, eos) for s in seqs]

@@ -1,0 +1,214 @@
+"""The scheduler skeleton every policy shares: waiting queue, admission, starvation bound.
+
+A policy supplies `_preferred` (which bucket, in which order) and `_take` (how many of those
+fit its batch rule); this class picks the target instances, enforces the block budget of both
+pools, serves overdue requests first, and keeps the ledger and the monitor up to date.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from time import perf_counter
+
+from bucketserve.scheduling.batch import PrefillBatch
+from bucketserve.scheduling.buckets import BucketManager
+from bucketserve.scheduling.cluster import ClusterView, InstanceStats
+from bucketserve.scheduling.config import SchedulerConfig
+from bucketserve.scheduling.memory import (
+    Budget,
+    DecodeLedger,
+    Reservation,
+    blocks_for,
+    decode_headroom,
+    reserve_tokens,
+)
+from bucketserve.scheduling.monitor import Ema, GlobalMonitor, MonitorSnapshot
+from bucketserve.scheduling.request import RequestMeta
+
+Ordered = tuple[Iterable[RequestMeta], tuple[int, int]]
+Target = tuple[InstanceStats, InstanceStats, Budget]
+LEDGER_GRACE_S = 1.0  # idle decode + no open batch for this long: forget unreported finishes
+
+
+class BaseScheduler:
+    """Shared machinery; subclasses set `name`, `default_reserve` and the two hooks."""
+
+    name = "base"
+    default_reserve = "none"
+
+    def __init__(self, config: SchedulerConfig, clock: Callable[[], float]) -> None:
+        self.config = config
+        self._clock = clock
+        self.buckets = BucketManager(config.max_model_len)
+        self.ledger = DecodeLedger()
+        self.monitor = GlobalMonitor()
+        self.reserve_mode = config.output_reserve or self.default_reserve
+        self.output_mean = Ema(0.05)
+        self.output_mean.add(config.expected_output_tokens)
+        self._open: dict[int, str] = {}  # batch_id -> decode_id, until on_batch_done
+        self._last_done: dict[str, float] = {}
+        self._next_id = 0
+
+    # ---- public API -------------------------------------------------------------------
+    def add(self, meta: RequestMeta) -> None:
+        """Queue a request (call in arrival order)."""
+        if meta.prompt_len + meta.max_tokens > self.config.max_model_len:
+            raise ValueError(
+                f"prompt_len + max_tokens must be <= max_model_len={self.config.max_model_len}, "
+                f"got {meta.prompt_len} + {meta.max_tokens}"
+            )
+        if meta.request_id in self.buckets:
+            raise ValueError(f"request_id {meta.request_id!r} is already queued")
+        self.buckets.add(meta)
+        self.monitor.observe_arrival(meta.arrival_s, meta.prompt_len)
+        self._on_add(meta)
+
+    def cancel(self, request_id: str) -> bool:
+        """Drop a still-waiting request; False if it is unknown or already scheduled."""
+        return self.buckets.remove(request_id) is not None
+
+    @property
+    def num_waiting(self) -> int:
+        return self.buckets.total
+
+    def next_batch(self, view: ClusterView) -> PrefillBatch | None:
+        """The next prefill batch for one of view.prefill, or None (nothing fits or waits)."""
+        t0 = perf_counter()
+        self.monitor.observe_view(view)
+        batch = self._decide(view, self._clock()) if self.buckets.total else None
+        self.monitor.record_decision(perf_counter() - t0, batch.padding_ratio if batch else None)
+        return batch
+
+    def on_batch_done(self, batch: PrefillBatch, duration_s: float) -> None:
+        """A prefill batch finished after duration_s seconds of execution."""
+        self._open.pop(batch.batch_id, None)
+        self._last_done[batch.decode_id] = self._clock()
+        self.monitor.record_batch_latency(duration_s)
+        self._observe_latency(batch, duration_s)
+
+    def on_request_finished(self, request_id: str, num_output_tokens: int | None = None) -> None:
+        """The decode side finished (or dropped) a request: release its reservation."""
+        self.ledger.release(request_id)
+        if num_output_tokens:
+            self.output_mean.add(num_output_tokens)
+
+    def snapshot(self) -> MonitorSnapshot:
+        snap = self.monitor.snapshot(self.name, self._clock(), self.buckets, self.num_waiting)
+        snap.extra = {
+            "in_flight": float(len(self.ledger)),
+            "expected_output": self.output_mean.value,
+        }
+        snap.extra.update(self._extra())
+        return snap
+
+    # ---- policy hooks -----------------------------------------------------------------
+    def _on_add(self, meta: RequestMeta) -> None:
+        return None
+
+    def _prepare(self, prefill: InstanceStats, decode: InstanceStats, now: float) -> None:
+        return None
+
+    def _preferred(self, now: float) -> Ordered:
+        raise NotImplementedError
+
+    def _take(
+        self, ordered: Iterable[RequestMeta], budget: Budget, now: float
+    ) -> list[RequestMeta]:
+        raise NotImplementedError
+
+    def _may_dispatch(self, decode: InstanceStats, now: float) -> bool:
+        return True
+
+    def _observe_latency(self, batch: PrefillBatch, duration_s: float) -> None:
+        return None
+
+    def _extra(self) -> dict[str, float]:
+        return {}
+
+    # ---- shared machinery -------------------------------------------------------------
+    def _decide(self, view: ClusterView, now: float) -> PrefillBatch | None:
+        target = self._target(view, now)
+        if target is None:
+            return None
+        prefill, decode, budget = target
+        self._prepare(prefill, decode, now)
+        ordered, bounds = self._overdue(now) or self._preferred(now)
+        chosen = self._take(ordered, budget, now)
+        if not chosen:
+            return None
+        return self._commit(chosen, bounds, prefill, decode, now)
+
+    def _target(self, view: ClusterView, now: float) -> Target | None:
+        """The emptiest ready prefill instance and the decode instance with most headroom."""
+        decode_by_id = {d.instance_id: d for d in view.decode}
+        for p in sorted(view.prefill, key=lambda s: (-s.free_blocks, s.instance_id)):
+            colocated = decode_by_id.get(p.instance_id)
+            candidates = [colocated] if colocated else view.decode
+            best = None
+            for d in candidates:
+                self._expire_ledger(d, now)
+                room = decode_headroom(d, self.ledger, self.config.watermark)
+                if room > 0 and self._may_dispatch(d, now) and (best is None or room > best[0]):
+                    best = (room, d)
+            if best is not None:
+                room, d = best
+                seqs = self.config.max_num_seqs - max(
+                    d.running + d.pending_handoffs, self.ledger.count(d.instance_id)
+                )
+                prefill_room = room if colocated else p.free_blocks
+                return p, d, Budget(prefill_room, room, seqs, d.block_size)
+        return None
+
+    def _expire_ledger(self, d: InstanceStats, now: float) -> None:
+        """Fallback for callers that never report finishes: an idle decode owes nothing."""
+        if d.running or d.pending_handoffs or d.instance_id in self._open.values():
+            return
+        if now - self._last_done.get(d.instance_id, now) >= LEDGER_GRACE_S:
+            self.ledger.clear(d.instance_id)
+
+    def _overdue(self, now: float) -> Ordered | None:
+        """Requests past the starvation bound, oldest first: they go next, whatever the policy."""
+        cutoff = now - self.config.max_wait_s
+        late: list[tuple[RequestMeta, tuple[int, int]]] = []
+        for bucket in self.buckets.buckets:
+            for meta in bucket.requests.values():
+                if meta.arrival_s > cutoff:
+                    break
+                late.append((meta, (bucket.low, bucket.high)))
+        if not late:
+            return None
+        late.sort(key=lambda x: x[0].arrival_s)
+        bounds = (min(b[0] for _, b in late), max(b[1] for _, b in late))
+        return [m for m, _ in late], bounds
+
+    def _decode_blocks(self, meta: RequestMeta, block_size: int) -> int:
+        out = reserve_tokens(meta, self.reserve_mode, self.output_mean.value or 1.0)
+        return blocks_for(meta.prompt_len + out, block_size)
+
+    def _claim(self, meta: RequestMeta, budget: Budget) -> bool:
+        """Take one request's prompt blocks (prefill) and reserved blocks (decode) if they fit."""
+        prompt = blocks_for(meta.prompt_len, budget.block_size)
+        return budget.try_take(prompt, self._decode_blocks(meta, budget.block_size))
+
+    def _commit(
+        self,
+        chosen: list[RequestMeta],
+        bounds: tuple[int, int],
+        p: InstanceStats,
+        d: InstanceStats,
+        now: float,
+    ) -> PrefillBatch:
+        batch = PrefillBatch(self._next_id, chosen, bounds, p.instance_id, d.instance_id, now)
+        self._next_id += 1
+        self._open[batch.batch_id] = d.instance_id
+        for meta in chosen:
+            self.buckets.remove(meta.request_id)
+            res = Reservation(
+                meta.request_id,
+                d.instance_id,
+                blocks_for(meta.prompt_len, d.block_size),
+                self._decode_blocks(meta, d.block_size),
+                batch.batch_id,
+            )
+            self.ledger.reserve(res)
+        return batch

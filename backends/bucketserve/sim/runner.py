@@ -1,0 +1,72 @@
+"""Sweeps: run policies x rates for one workload and collect RunMetrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from bucketserve.scheduling import SchedulerConfig
+from bucketserve.sim.cluster import ClusterSpec
+from bucketserve.sim.metrics import RunMetrics, summarize
+from bucketserve.sim.simulator import Simulator
+from bucketserve.sim.workload import WorkloadSpec, make_requests
+
+
+@dataclass(slots=True)
+class Sweep:
+    """One workload's grid: every policy at every rate, same seed (common random numbers)."""
+
+    workload: WorkloadSpec
+    policies: tuple[str, ...]
+    rates: tuple[float, ...]
+    cluster: ClusterSpec
+    latency: object
+    sched_overrides: dict | None = None
+
+    def config_for(self) -> SchedulerConfig | None:
+        if not self.sched_overrides:
+            return None
+        base = {"max_model_len": self.workload.max_model_len, "block_size": self.cluster.block_size}
+        base["max_num_seqs"] = self.cluster.max_num_seqs
+        return SchedulerConfig(**(base | self.sched_overrides))
+
+    def run_one(self, policy: str, rate: float) -> RunMetrics:
+        spec = replace(self.workload, rate=rate)
+        sim = Simulator(
+            policy,
+            make_requests(spec),
+            self.cluster,
+            self.latency,
+            self.config_for(),
+            spec.max_model_len,
+        )
+        return summarize(sim.run(), spec.name, rate)
+
+    def run(self, progress=None) -> list[RunMetrics]:
+        rows = []
+        for policy in self.policies:
+            for rate in self.rates:
+                rows.append(self.run_one(policy, rate))
+                if progress is not None:
+                    progress(rows[-1])
+        return rows
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    rates = tuple(float(x) for x in text.split(",") if x.strip())
+    if not rates or any(r <= 0 for r in rates):
+        raise ValueError(f"rates must be a comma-separated list of positive numbers, got {text!r}")
+    return rates
+
+
+def expand_policies(names: Iterable[str], all_policies: tuple[str, ...]) -> tuple[str, ...]:
+    out: list[str] = []
+    for name in names:
+        for part in name.split(","):
+            if part == "all":
+                out.extend(all_policies)
+            elif part in all_policies:
+                out.append(part)
+            else:
+                raise ValueError(f"policy must be one of {all_policies} or 'all', got {part!r}")
+    return tuple(dict.fromkeys(out))

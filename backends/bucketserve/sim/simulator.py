@@ -1,0 +1,245 @@
+"""Discrete-event simulator driving the real scheduler objects against a latency model.
+
+The scheduler is made by `make_scheduler` with the simulator's clock injected; every decision
+it takes is the one the server would take given the same stats. Three deployments:
+"pd" (prefill instances hand KV to continuous-batching decode instances), "aggregated"
+(vLLM-like: prefill iterations pause decode on the same instance), "static" (HF/UELLM-like).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from time import perf_counter
+
+from bucketserve.scheduling import ClusterView, PrefillBatch, SchedulerConfig, make_scheduler
+from bucketserve.sim.cluster import ClusterSpec
+from bucketserve.sim.decode_worker import DecodeWorker, Seq
+from bucketserve.sim.workers import PrefillWorker, StaticWorker
+from bucketserve.sim.workload import SimRequest
+
+MAX_EVENTS = 20_000_000
+
+
+@dataclass(slots=True)
+class SimOutcome:
+    """Everything a run produced (requests carry their own timestamps)."""
+
+    policy: str
+    mode: str
+    requests: list[SimRequest]
+    decision_s: list[float] = field(default_factory=list)
+    batch_decision_s: list[float] = field(default_factory=list)
+    batches: list[PrefillBatch] = field(default_factory=list)
+    prefill_busy_s: float = 0.0
+    decode_busy_s: float = 0.0
+    preemptions: int = 0
+    num_gpus: int = 1
+    snapshot: dict = field(default_factory=dict)
+    max_buckets: int = 1
+
+
+class Simulator:
+    """One run of one policy over one request list."""
+
+    def __init__(
+        self,
+        policy: str,
+        requests: list[SimRequest],
+        cluster: ClusterSpec,
+        latency,
+        sched_config: SchedulerConfig | None = None,
+        max_model_len: int = 4096,
+    ):
+        self.now = 0.0
+        self.cluster, self.latency = cluster, latency
+        self.mode = cluster.mode_for(policy)
+        cfg = sched_config or SchedulerConfig(
+            max_model_len=max_model_len,
+            block_size=cluster.block_size,
+            max_num_seqs=cluster.max_num_seqs,
+        )
+        self.sched = make_scheduler(policy, cfg, lambda: self.now)
+        self.requests = sorted(requests, key=lambda r: r.meta.arrival_s)
+        self.by_id = {r.meta.request_id: r for r in self.requests}
+        self.out = SimOutcome(policy, self.mode, self.requests, num_gpus=cluster.num_gpus(policy))
+        self._heap: list = []
+        self._tie = itertools.count()
+        self._build_workers()
+
+    def _build_workers(self) -> None:
+        c, lat = self.cluster, self.latency
+        args = (c.kv_blocks, c.block_size)
+        self.prefill = (
+            [
+                PrefillWorker(f"prefill{i}", *args, lat, c.kv_bytes_per_token, c.padded_prefill)
+                for i in range(c.num_prefill)
+            ]
+            if self.mode == "pd"
+            else []
+        )
+        if self.mode == "pd":
+            self.decode = [
+                DecodeWorker(
+                    f"decode{i}", "decode", *args, c.max_num_seqs, lat, c.kv_bytes_per_token
+                )
+                for i in range(c.num_decode)
+            ]
+        elif self.mode == "aggregated":
+            self.decode = [
+                DecodeWorker(f"gpu{i}", "mixed", *args, c.max_num_seqs, lat, c.kv_bytes_per_token)
+                for i in range(c.num_aggregated)
+            ]
+        else:
+            self.decode = []
+        self.static = (
+            [
+                StaticWorker(f"gpu{i}", *args, lat, c.kv_bytes_per_token)
+                for i in range(c.num_aggregated)
+            ]
+            if self.mode == "static"
+            else []
+        )
+        self._workers = {w.instance_id: w for w in (*self.prefill, *self.decode, *self.static)}
+
+    # ---- event loop ---------------------------------------------------------------------
+    def push(self, t: float, fn, *args) -> None:
+        heapq.heappush(self._heap, (t, next(self._tie), fn, args))
+
+    def run(self) -> SimOutcome:
+        for r in self.requests:
+            self.push(r.meta.arrival_s, self._arrive, r)
+        events = 0
+        while self._heap:
+            t, _, fn, args = heapq.heappop(self._heap)
+            self.now = t
+            fn(*args)
+            events += 1
+            if events > MAX_EVENTS:
+                raise RuntimeError(f"simulation exceeded {MAX_EVENTS} events")
+        self.out.prefill_busy_s = sum(w.busy_s for w in self.prefill)
+        self.out.decode_busy_s = sum(w.busy_s for w in (*self.decode, *self.static))
+        self.out.preemptions = sum(w.preemptions for w in self.decode)
+        self.out.snapshot = self.sched.snapshot().to_dict()
+        return self.out
+
+    def _decide(self, view: ClusterView) -> PrefillBatch | None:
+        t0 = perf_counter()
+        batch = self.sched.next_batch(view)
+        dt = perf_counter() - t0
+        self.out.decision_s.append(dt)
+        self.out.max_buckets = max(self.out.max_buckets, len(self.sched.buckets.buckets))
+        if batch is not None:
+            self.out.batch_decision_s.append(dt)
+            self.out.batches.append(batch)
+            for meta in batch.requests:
+                self.by_id[meta.request_id].scheduled_s = self.now
+        return batch
+
+    def _arrive(self, req: SimRequest) -> None:
+        self.sched.add(req.meta)
+        if self.mode == "pd":
+            self._dispatch()
+        elif self.mode == "aggregated":
+            for w in self.decode:
+                self._agg_iterate(w)
+        else:
+            for w in self.static:
+                self._static_try(w)
+
+    def _finished(self, req: SimRequest) -> None:
+        self.sched.on_request_finished(req.meta.request_id, req.output_len)
+
+    # ---- disaggregated P/D -------------------------------------------------------------
+    def _dispatch(self) -> None:
+        idle = [p for p in self.prefill if not p.busy]
+        while idle and self.sched.num_waiting:
+            view = ClusterView([p.stats() for p in idle], [d.stats() for d in self.decode])
+            batch = self._decide(view)
+            if batch is None:
+                return
+            worker = self._workers[batch.prefill_id]
+            idle.remove(worker)
+            self._workers[batch.decode_id].in_transit += batch.size
+            t = worker.start(batch)
+            self.push(self.now + t, self._prefill_done, worker, batch, t)
+
+    def _prefill_done(self, worker: PrefillWorker, batch: PrefillBatch, seconds: float) -> None:
+        worker.finish(batch)
+        self.sched.on_batch_done(batch, seconds)
+        decode = self._workers[batch.decode_id]
+        for meta in batch.requests:
+            req = self.by_id[meta.request_id]
+            req.first_token_s = self.now
+            decode.in_transit -= 1
+            if req.output_len <= 1:
+                req.finish_s = self.now
+                worker.release(meta.prompt_len)
+                self._finished(req)
+            else:
+                decode.enqueue(Seq(req, meta.prompt_len, 1, source=worker))
+        self._kick(decode)
+        self._dispatch()
+
+    def _kick(self, decode: DecodeWorker) -> None:
+        if decode.busy:
+            return
+        for seq in decode.admit(self.now):
+            if seq.source is not None:
+                seq.source.release(seq.req.meta.prompt_len)
+                seq.source = None
+        t = decode.start_step(self.now)
+        if t is not None:
+            self.push(self.now + t, self._step_done, decode)
+        elif (ready := decode.next_ready_s()) is not None and ready > self.now:
+            self.push(ready, self._kick, decode)
+
+    def _step_done(self, decode: DecodeWorker) -> None:
+        for seq in decode.finish_step(self.now):
+            self._finished(seq.req)
+        self._kick(decode)
+        self._dispatch()
+
+    # ---- aggregated continuous batching (vLLM-like) ------------------------------------
+    def _agg_iterate(self, w: DecodeWorker) -> None:
+        if w.busy:
+            return
+        if self.sched.num_waiting:
+            batch = self._decide(ClusterView([w.stats()], [w.stats()]))
+            if batch is not None:
+                reqs = [self.by_id[m.request_id] for m in batch.requests]
+                t = w.start_prefill(reqs, self.cluster.padded_prefill, self.now)
+                self.push(self.now + t, self._agg_prefill_done, w, batch, t)
+                return
+        w.admit(self.now)
+        t = w.start_step(self.now)
+        if t is not None:
+            self.push(self.now + t, self._agg_step_done, w)
+
+    def _agg_prefill_done(self, w: DecodeWorker, batch: PrefillBatch, seconds: float) -> None:
+        for seq in w.finish_prefill(self.now):
+            self._finished(seq.req)
+        self.sched.on_batch_done(batch, seconds)
+        self._agg_iterate(w)
+
+    def _agg_step_done(self, w: DecodeWorker) -> None:
+        for seq in w.finish_step(self.now):
+            self._finished(seq.req)
+        self._agg_iterate(w)
+
+    # ---- static batches (HF / UELLM-like) ----------------------------------------------
+    def _static_try(self, w: StaticWorker) -> None:
+        if w.busy or not self.sched.num_waiting:
+            return
+        batch = self._decide(ClusterView([w.stats()], [w.stats()]))
+        if batch is None:
+            return
+        prefill_s, total_s = w.run([self.by_id[m.request_id] for m in batch.requests], self.now)
+        self.push(self.now + prefill_s, self.sched.on_batch_done, batch, prefill_s)
+        self.push(self.now + total_s, self._static_done, w)
+
+    def _static_done(self, w: StaticWorker) -> None:
+        for req in w.finish():
+            self._finished(req)
+        self._static_try(w)

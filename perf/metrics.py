@@ -1,0 +1,132 @@
+"""Benchmark metrics from per-request records: SLO attainment, goodput, throughput, capacity.
+
+Definitions (DistServe's, research/papers.md §4.1): a request attains its SLO when TTFT and
+TPOT are both within their SLOs; requests that fail or do not finish count as misses.
+Goodput at X % = the highest rate whose attainment is >= X %, linearly interpolated towards
+the next (failing) rate of the sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from records import RequestRecord
+
+GOODPUT_TARGETS = (0.8, 0.9, 0.99)
+
+
+def attainment(records: Sequence[RequestRecord], scale: float = 1.0) -> float:
+    """Share of all sent requests meeting both SLOs (scaled by `scale`)."""
+    if not records:
+        return 0.0
+    return sum(r.meets_slo(scale) for r in records) / len(records)
+
+
+@dataclass(frozen=True, slots=True)
+class Goodput:
+    """Goodput at one attainment target; `kind` says how the rate was found.
+
+    "interpolated": between two measured rates; "at-least": every measured rate attained it
+    (the true goodput is >= rate); "below-range": even the lowest rate missed it (rate = 0).
+    """
+
+    target: float
+    rate: float
+    kind: str
+
+    def label(self) -> str:
+        if self.kind == "at-least":
+            return f">= {self.rate:.3g}"
+        if self.kind == "below-range":
+            return "< lowest rate"
+        return f"{self.rate:.3g}"
+
+
+def goodput(rates: Sequence[float], attainments: Sequence[float], target: float) -> Goodput:
+    """Highest rate with attainment >= target, interpolated towards the next rate."""
+    if len(rates) != len(attainments) or not rates:
+        raise ValueError("need one attainment per rate and at least one rate")
+    pts = sorted(zip(rates, attainments, strict=True))
+    ok = [i for i, (_, a) in enumerate(pts) if a >= target]
+    if not ok:
+        return Goodput(target, 0.0, "below-range")
+    i = ok[-1]
+    if i == len(pts) - 1:
+        return Goodput(target, pts[i][0], "at-least")
+    (r0, a0), (r1, a1) = pts[i], pts[i + 1]
+    return Goodput(target, r0 + (a0 - target) * (r1 - r0) / (a0 - a1), "interpolated")
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(np.percentile(vals, q)) if vals else None
+
+
+def mean(values: Sequence[float]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def cdf(values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted values and their empirical cumulative probabilities (i / n)."""
+    x = np.sort(np.asarray([v for v in values if v is not None], dtype=np.float64))
+    return x, np.arange(1, len(x) + 1) / max(1, len(x))
+
+
+@dataclass(slots=True)
+class RunSummary:
+    """One (policy, rate) point. Rates in requests/s, times in seconds."""
+
+    label: str
+    offered_rate: float
+    sent: int
+    ok: int
+    failed: int
+    send_window_s: float
+    makespan_s: float
+    served_rate: float
+    output_tok_s: float
+    attainment: float
+    ttft_attainment: float
+    tpot_attainment: float
+    ttft_mean: float | None
+    ttft_p50: float | None
+    ttft_p90: float | None
+    ttft_p99: float | None
+    tpot_mean: float | None
+    tpot_p50: float | None
+    tpot_p90: float | None
+    itl_p50: float | None
+    itl_p99: float | None
+    e2e_p50: float | None
+    e2e_p99: float | None
+    sched_ms_per_request: float | None = None
+    sched_share: float | None = None
+    mean_prefill_batch: float | None = None
+
+
+def summarize(label: str, rate: float, records: Sequence[RequestRecord]) -> RunSummary:
+    """Aggregate one run; throughput counts finished requests over first send -> last finish."""
+    done = [r for r in records if r.ok]
+    t0 = min((r.t_send_s for r in records), default=0.0)
+    t_end = max((r.t_done_s for r in done), default=t0)
+    makespan = max(t_end - t0, 1e-9)
+    ttft = [r.ttft_s for r in done]
+    tpot = [r.tpot_s for r in done]
+    itl = [x for r in done for x in r.itl_s]
+    e2e = [r.e2e_s for r in done]
+    n = max(1, len(records))
+    return RunSummary(
+        label, rate, len(records), len(done), len(records) - len(done),
+        max((r.t_send_s for r in records), default=0.0) - t0, makespan,
+        len(done) / makespan, sum(r.output_tokens for r in done) / makespan,
+        attainment(records),
+        sum(r.ok and r.ttft_s <= r.ttft_slo_s for r in records) / n,
+        sum(r.ok and (r.tpot_s is None or r.tpot_s <= r.tpot_slo_s) for r in records) / n,
+        mean(ttft), percentile(ttft, 50), percentile(ttft, 90), percentile(ttft, 99),
+        mean(tpot), percentile(tpot, 50), percentile(tpot, 90),
+        percentile(itl, 50), percentile(itl, 99), percentile(e2e, 50), percentile(e2e, 99),
+    )

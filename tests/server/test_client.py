@@ -1,0 +1,144 @@
+"""The client and CLI against a real tritonserver (SmolLM2 on CPU): answers, streams, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+import urllib.request
+
+import pytest
+
+from bucketserve_client import AsyncClient, Client, GenerationError
+from bucketserve_client.cli import main
+
+pytestmark = pytest.mark.server
+QUESTION = "What is the capital of France?"
+LONG_PROMPT = "Write a very long story about a dragon who learns to cook."
+MODELS = ("bucketserve", "bucketserve_bls")
+SAMPLE_RE = re.compile(r"^(bucketserve_\w+)\{([^}]*)\}\s+(\S+)$")
+
+
+def scrape(url: str) -> dict[tuple[str, str], float]:
+    """(metric name, label text) -> value for every bucketserve_* sample on the metrics page."""
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        m = SAMPLE_RE.match(line)
+        if m:
+            samples[(m.group(1), m.group(2))] = float(m.group(3))
+    return samples
+
+
+def kv_blocks(url: str) -> dict[str, tuple[float, float]]:
+    """label text -> (free, total) KV blocks of every engine instance."""
+    samples = scrape(url)
+    free = {
+        labels: v for (name, labels), v in samples.items() if name == "bucketserve_kv_blocks_free"
+    }
+    total = {
+        labels: v for (name, labels), v in samples.items() if name == "bucketserve_kv_blocks_total"
+    }
+    return {labels: (free[labels], total.get(labels, -1.0)) for labels in free}
+
+
+def wait_all_blocks_free(url: str, timeout_s: float = 5.0) -> dict[str, tuple[float, float]]:
+    """Poll until free == total on every instance; returns the last reading."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        blocks = kv_blocks(url)
+        if blocks and all(free == total for free, total in blocks.values()):
+            return blocks
+        if time.monotonic() > deadline:
+            return blocks
+        time.sleep(0.25)
+
+
+def cancelled_count(url: str) -> float:
+    samples = scrape(url)
+    return sum(
+        v
+        for (name, labels), v in samples.items()
+        if name == "bucketserve_requests_total" and 'finish_reason="cancelled"' in labels
+    )
+
+
+def test_cli_generate_answers_paris(server, capsys):
+    code = main(
+        ["generate", QUESTION, "--max-tokens", "16", "--temperature", "0", "--url", server.grpc_url]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Paris" in out
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_stream_concatenation_equals_generate(server, model):
+    client = Client(server.grpc_url, model)
+    params = {"max_tokens": 24, "temperature": 0.0, "apply_chat_template": True}
+    chunks = list(client.stream(QUESTION, **params))
+    completion = client.generate(QUESTION, **params)
+    assert len(chunks) > 1
+    assert "".join(c.text for c in chunks) == completion.text
+    assert chunks[-1].finish_reason == completion.finish_reason in ("stop", "length")
+    assert chunks[-1].num_output_tokens == completion.num_output_tokens > 0
+    assert completion.num_input_tokens > 0 and 0 < completion.ttft_s <= completion.latency_s
+
+
+def test_async_client_eight_concurrent_streams(server):
+    async def one(client: AsyncClient, i: int) -> tuple[str, str, int]:
+        parts, last = [], None
+        async for chunk in client.stream(
+            f"Count from {i} to {i + 5}.", max_tokens=16, temperature=0.0, apply_chat_template=True
+        ):
+            parts.append(chunk.text)
+            last = chunk
+        return "".join(parts), last.finish_reason, last.num_output_tokens
+
+    async def run():
+        async with AsyncClient(server.grpc_url) as client:
+            return await asyncio.wait_for(asyncio.gather(*(one(client, i) for i in range(8))), 300)
+
+    results = asyncio.run(run())
+    assert len(results) == 8
+    for text, reason, n_out in results:
+        assert text and reason in ("stop", "length") and 0 < n_out <= 16
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_early_break_cancels_and_frees_kv(server, model):
+    before = cancelled_count(server.metrics_url)
+    client = Client(server.grpc_url, model)
+    stream = client.stream(
+        LONG_PROMPT, max_tokens=512, min_tokens=512, temperature=0.0, apply_chat_template=True
+    )
+    for i, _chunk in enumerate(stream):
+        if i == 2:
+            break
+    start = time.monotonic()
+    stream.close()
+    assert time.monotonic() - start < 10.0
+    blocks = wait_all_blocks_free(server.metrics_url)
+    assert blocks, "no bucketserve_kv_blocks_free samples on the metrics page"
+    assert all(free == total for free, total in blocks.values()), blocks
+    assert cancelled_count(server.metrics_url) > before
+
+
+def test_async_early_exit_on_the_ensemble(server):
+    async def run():
+        async with AsyncClient(server.grpc_url) as client:
+            chunks = client.stream(LONG_PROMPT, max_tokens=512, min_tokens=512)
+            async with contextlib.aclosing(chunks):
+                async for _ in chunks:
+                    break
+
+    asyncio.run(run())
+    blocks = wait_all_blocks_free(server.metrics_url)
+    assert blocks and all(free == total for free, total in blocks.values()), blocks
+
+
+def test_server_error_names_the_field(server):
+    with pytest.raises(GenerationError, match="max_tokens"):
+        Client(server.grpc_url).generate(QUESTION, max_tokens=1_000_000)

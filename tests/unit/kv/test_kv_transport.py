@@ -1,0 +1,149 @@
+"""KV pool export/import and block copy within one process (CPU / POSIX shm)."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+import torch
+from bucketserve.kv import shm
+from bucketserve.kv.names import shm_name
+from bucketserve.kv.transport import (
+    PoolHandle,
+    allocate_pool,
+    copy_blocks,
+    open_pool,
+    release_pool,
+)
+from kv_workers import ShmNames
+
+SHAPE = (2, 2, 6, 4, 3, 8)  # [layers, 2, num_blocks, block_size, kv_heads, head_dim]
+
+
+@pytest.fixture
+def names():
+    made = ShmNames()
+    yield made
+    made.cleanup()
+
+
+def test_allocate_zeroed_shared_and_roundtrip(names):
+    pool, handle = allocate_pool(SHAPE, torch.bfloat16, "cpu", names("kv"))
+    assert pool.shape == SHAPE and pool.dtype == torch.bfloat16 and not pool.any()
+    assert handle.kind == "shm" and handle.num_blocks == 6 and handle.dtype == "bfloat16"
+    assert os.path.exists(f"/dev/shm/{handle.name}")
+    assert PoolHandle.from_json(handle.to_json()) == handle
+    assert open_pool(handle) is pool  # the owner's own pool comes back from the cache
+    release_pool(handle)
+    assert not os.path.exists(f"/dev/shm/{handle.name}")
+    pool[0, 0, 0] = 1  # views outlive release: the mapping goes when the last view does
+
+
+def test_copy_blocks_gathers_and_scatters(names):
+    src, h_src = allocate_pool(SHAPE, "float32", "cpu", names("a"))
+    dst, h_dst = allocate_pool((2, 2, 9, 4, 3, 8), "float32", "cpu", names("b"))
+    src.copy_(torch.randn(SHAPE))
+    copy_blocks(src, [4, 0, 2], dst, torch.tensor([8, 1, 5]))
+    for s, d in ((4, 8), (0, 1), (2, 5)):
+        assert torch.equal(dst[:, :, d], src[:, :, s])
+    assert not dst[:, :, [0, 2, 3, 4, 6, 7]].any()
+    copy_blocks(src, [], dst, [])  # nothing to move is fine
+    release_pool(h_src)
+    release_pool(h_dst)
+
+
+@pytest.mark.parametrize(
+    ("src_ids", "dst_ids", "message"),
+    [
+        ([6], [0], r"src_ids contains block 6, must be in \[0, 6\)"),
+        ([0], [-1], r"dst_ids contains block -1, must be in \[0, 6\)"),
+        ([0, 1], [0], "len"),
+        ([0, 1], [2, 2], "repeat"),
+    ],
+)
+def test_copy_blocks_validates(src_ids, dst_ids, message):
+    pool = torch.zeros(SHAPE)
+    with pytest.raises(ValueError, match=message):
+        copy_blocks(pool, src_ids, pool.clone(), dst_ids)
+
+
+def test_copy_blocks_rejects_mismatched_layout():
+    with pytest.raises(ValueError, match="layouts differ"):
+        copy_blocks(torch.zeros(SHAPE), [0], torch.zeros(2, 2, 6, 4, 3, 4), [0])
+
+
+def test_open_after_owner_released_fails_clearly(names):
+    _, handle = allocate_pool(SHAPE, "float16", "cpu", names("kv"))
+    release_pool(handle)  # the owner unlinks at shutdown
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        open_pool(PoolHandle.from_json(handle.to_json()))
+
+
+def test_opened_peer_release_does_not_unlink(names):
+    _, handle = allocate_pool(SHAPE, "float32", "cpu", names("kv"))
+    # Pretend to be a peer process: a handle with another uid maps the same segment anew.
+    peer = PoolHandle.from_json(handle.to_json().replace(handle.uid, "0" * 16))
+    a = open_pool(peer)
+    assert open_pool(peer) is a
+    a[:, :, 3] = 2.0
+    owner_view = open_pool(handle)
+    assert bool((owner_view[:, :, 3] == 2.0).all())  # zero-copy: same pages
+    release_pool(peer)
+    assert os.path.exists(f"/dev/shm/{handle.name}")
+    release_pool(handle)
+    assert not os.path.exists(f"/dev/shm/{handle.name}")
+
+
+def test_allocate_replaces_stale_segment_and_rejects_duplicate_name(names):
+    name = names("kv")
+    with open(f"/dev/shm/{name}", "wb") as f:  # leftover of a crashed run
+        f.write(b"x" * 100)
+    pool, handle = allocate_pool(SHAPE, "float32", "cpu", name)
+    assert not pool.any()
+    with pytest.raises(ValueError, match="already in use"):
+        allocate_pool(SHAPE, "float32", "cpu", name)
+    release_pool(handle)
+
+
+def test_shm_too_small_names_sizes_and_fix(names, monkeypatch):
+    fake = types.SimpleNamespace(f_bavail=16, f_frsize=4096)  # 64 KiB free
+    monkeypatch.setattr(shm.os, "statvfs", lambda path: fake)
+    with pytest.raises(shm.ShmSpaceError) as err:
+        allocate_pool((4, 2, 1024, 16, 8, 128), "float16", "cpu", names("kv"))
+    text = str(err.value)
+    assert str(4 * 2 * 1024 * 16 * 8 * 128 * 2) in text and "65536" in text
+    assert "--shm-size" in text and "shm_size" in text
+    assert not os.path.exists(f"/dev/shm/{names.made[-1]}")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kind": "rdma"}, "kind"),
+        ({"shape": (2, 2)}, "shape"),
+        ({"dtype": "float99"}, "dtype"),
+        ({"nbytes": 3}, "nbytes"),
+        ({"kind": "cuda_ipc"}, "ipc"),
+    ],
+)
+def test_handle_validates(kwargs, message):
+    base = dict(kind="shm", name="x", shape=(1, 2, 3), dtype="float32", device="cpu", nbytes=24)
+    with pytest.raises(ValueError, match=message):
+        PoolHandle(**{**base, **kwargs})
+
+
+def test_allocate_rejects_other_devices():
+    with pytest.raises(ValueError, match="device"):
+        allocate_pool(SHAPE, "float32", "meta", "bstmeta")
+
+
+def test_shm_name():
+    assert shm_name("1a2b3c4d", "prefill", 0, "kv") == "bs_1a2b3c4d_p0_kv"
+    assert shm_name("1a2b3c4d", "decode", 12, "st") == "bs_1a2b3c4d_d12_st"
+    with pytest.raises(ValueError, match="limit 31"):
+        shm_name("a" * 30, "prefill", 0, "kv")
+    with pytest.raises(ValueError, match="run_id"):
+        shm_name("a/b", "prefill", 0, "kv")
+    with pytest.raises(ValueError, match="index"):
+        shm_name("abc", "prefill", -1, "kv")
