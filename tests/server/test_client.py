@@ -9,7 +9,6 @@ import time
 import urllib.request
 
 import pytest
-
 from bucketserve_client import AsyncClient, Client, GenerationError
 from bucketserve_client.cli import main
 

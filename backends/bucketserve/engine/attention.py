@@ -26,8 +26,13 @@ class AttentionMetadata:
     attn_mask: torch.Tensor | None = None  # [B, 1, 1, S] bool, SDPA decode only
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Write k, v [T, KVH, D] into caches [num_blocks, block_size, KVH, D] at flat slots."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
@@ -54,16 +59,31 @@ class SdpaBackend:
             start += n
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
+    def __init__(self) -> None:
+        self._workspace: torch.Tensor | None = None  # reused gather buffer (no page faults)
+
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """q: [B, H, D]; caches [num_blocks, block_size, KVH, D] -> [B, H, D]."""
-        batch, _, kv_heads, head_dim = q.shape[0], None, k_cache.shape[2], k_cache.shape[3]
-        # Gather each sequence's blocks: [B, max_blocks * block_size, KVH, D] -> [B, KVH, S, D]
-        k = k_cache[meta.block_tables].view(batch, -1, kv_heads, head_dim).transpose(1, 2)
-        v = v_cache[meta.block_tables].view(batch, -1, kv_heads, head_dim).transpose(1, 2)
+        batch, kv_heads, head_dim = q.shape[0], k_cache.shape[2], k_cache.shape[3]
+        block_ids = meta.block_tables.view(-1)  # [B * max_blocks]
+        k, v = self._gather(k_cache, v_cache, block_ids)  # [B * max_blocks, bs * KVH * D]
+        k = k.view(batch, -1, kv_heads, head_dim).transpose(1, 2)  # [B, KVH, S, D]
+        v = v.view(batch, -1, kv_heads, head_dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2), k, v, attn_mask=meta.attn_mask, scale=scale, enable_gqa=True
         )  # [B, H, 1, D]
         return out.squeeze(2)
+
+    def _gather(self, k_cache, v_cache, block_ids):
+        num_blocks, per_block = k_cache.shape[0], k_cache[0].numel()
+        numel = 2 * block_ids.numel() * per_block
+        ws = self._workspace
+        if ws is None or ws.numel() < numel or ws.dtype != k_cache.dtype or ws.device != k_cache.device:
+            ws = self._workspace = torch.empty(numel, dtype=k_cache.dtype, device=k_cache.device)
+        buf = ws[:numel].view(2, block_ids.numel(), per_block)
+        torch.index_select(k_cache.view(num_blocks, per_block), 0, block_ids, out=buf[0])
+        torch.index_select(v_cache.view(num_blocks, per_block), 0, block_ids, out=buf[1])
+        return buf[0], buf[1]
 
 
 class FlashAttnBackend:
@@ -81,16 +101,27 @@ class FlashAttnBackend:
     def prefill(self, q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, KVH, D] packed -> [T, H, D]."""
         return self._varlen(
-            q, k, v, cu_seqlens_q=meta.cu_seqlens, cu_seqlens_k=meta.cu_seqlens,
-            max_seqlen_q=meta.max_seqlen, max_seqlen_k=meta.max_seqlen,
-            softmax_scale=scale, causal=True,
+            q,
+            k,
+            v,
+            cu_seqlens_q=meta.cu_seqlens,
+            cu_seqlens_k=meta.cu_seqlens,
+            max_seqlen_q=meta.max_seqlen,
+            max_seqlen_k=meta.max_seqlen,
+            softmax_scale=scale,
+            causal=True,
         )
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """q: [B, H, D]; caches [num_blocks, block_size, KVH, D] -> [B, H, D]."""
         out = self._with_kvcache(
-            q.unsqueeze(1), k_cache, v_cache, cache_seqlens=meta.context_lens,
-            block_table=meta.block_tables, softmax_scale=scale, causal=True,
+            q.unsqueeze(1),
+            k_cache,
+            v_cache,
+            cache_seqlens=meta.context_lens,
+            block_table=meta.block_tables,
+            softmax_scale=scale,
+            causal=True,
         )  # [B, 1, H, D]
         return out.squeeze(1)
 

@@ -30,6 +30,7 @@ class EngineConfig:
     max_num_seqs: int = 256  # LLMEngine: decode batch cap
     max_num_batched_tokens: int = 16384  # LLMEngine: prefill batch token budget
     seed: int = 0  # dummy weights and unseeded sampling
+    optimize_weights: bool = True  # fuse projections, oneDNN-pack on CPU; False: HF layout
     pool_name: str | None = None  # shm / IPC name of the KV pool; None: generated
 
     def __post_init__(self) -> None:
@@ -37,7 +38,9 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {tuple(DTYPE_ALIASES)}, got {self.dtype!r}")
         self.dtype = DTYPE_ALIASES[self.dtype]
         if self.attention not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
+            raise ValueError(
+                f"attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}"
+            )
         if self.device != "auto":
             torch.device(self.device)  # raises on a malformed device string
         _check_min("block_size", self.block_size, 1)
@@ -59,7 +62,7 @@ def _check_min(name: str, value: int | None, limit: int) -> None:
 
 
 def resolve_device(device: str) -> torch.device:
-    """"auto" -> cuda when available, else cpu."""
+    """ "auto" -> cuda when available, else cpu."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
@@ -69,7 +72,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """"auto" -> float32 on CPU, bfloat16 on GPU."""
+    """ "auto" -> float32 on CPU, bfloat16 on GPU."""
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
     return getattr(torch, dtype)

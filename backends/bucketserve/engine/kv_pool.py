@@ -38,7 +38,9 @@ def auto_num_blocks(config, device: torch.device, block_size: int, mc: ModelConf
         if budget < config.kv_cache_gb * 2**30:
             log.warning("KV pool capped at %.2f GiB by free /dev/shm", budget / 2**30)
         num_blocks = budget // per_block
-        where = f"kv_cache_gb={config.kv_cache_gb} capped by /dev/shm ({shm_free / 2**30:.2f} GiB free)"
+        where = (
+            f"kv_cache_gb={config.kv_cache_gb} capped by /dev/shm ({shm_free / 2**30:.2f} GiB free)"
+        )
     needed = -(-mc.max_model_len // block_size)
     if num_blocks < needed:
         raise ValueError(

@@ -50,7 +50,9 @@ class LLMEngine:
         return [s.completion_token_ids for s in seqs]
 
     def _check_fits(self, seq: Sequence) -> None:
-        limit = min(self.max_model_len, self.block_manager.num_total_blocks * self.runner.block_size)
+        limit = min(
+            self.max_model_len, self.block_manager.num_total_blocks * self.runner.block_size
+        )
         if seq.num_tokens + 1 > limit:
             raise ValueError(f"prompt must have < {limit} tokens, got {seq.num_tokens}")
 

@@ -184,7 +184,9 @@ def _load_weights(model, model_dir: str, device, dtype) -> None:
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items() if k in expected}
     missing = sorted(expected - set(state))
     if missing:
-        raise ValueError(f"checkpoint {model_dir!r} lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        raise ValueError(
+            f"checkpoint {model_dir!r} lacks {len(missing)} tensors, e.g. {missing[:3]}"
+        )
     model.load_state_dict(state, strict=False, assign=True)
 
 

@@ -46,13 +46,21 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, config.rms_norm_eps)
             self.k_norm = RMSNorm(hd, config.rms_norm_eps)
         self.scale = hd**-0.5
+        self.qkv_proj: nn.Module | None = None  # set by fusion.fuse_projections
+
+    def _qkv(self, x: torch.Tensor):
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
 
     def forward(self, x, cos, sin, meta: AttentionMetadata, k_cache, v_cache, backend):
         """x: [T, D] -> [T, D]; writes this step's K/V into the caches."""
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, H, hd]
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, KVH, hd]
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self._qkv(x)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, H, hd]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, KVH, hd]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -73,9 +81,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, f, bias=False)
         self.up_proj = nn.Linear(d, f, bias=False)
         self.down_proj = nn.Linear(f, d, bias=False)
+        self.gate_up_proj: nn.Module | None = None  # set by fusion.fuse_projections
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        """x: [T, D] -> [T, D]."""
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, F] each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

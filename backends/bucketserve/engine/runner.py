@@ -16,6 +16,7 @@ from bucketserve.engine.attention import (
     resolve_backend_name,
 )
 from bucketserve.engine.config import EngineConfig, resolve_device, resolve_dtype
+from bucketserve.engine.fusion import fuse_projections, is_onednn_available, pack_for_onednn
 from bucketserve.engine.kv_pool import allocate_kv_pool, auto_num_blocks
 from bucketserve.engine.sampler import Sampler, SampleRow
 from bucketserve.engine.sequence import Sequence
@@ -40,6 +41,7 @@ class ModelRunner:
             self.model_config, None if is_dummy else self.tokenizer_dir, self.device,
             self.dtype, self.model_config.max_model_len, config.seed,
         )  # fmt: skip
+        self.linear_impl = self._optimize() if config.optimize_weights else "torch"
         self.num_blocks = config.num_blocks or auto_num_blocks(
             config, self.device, self.block_size, self.model_config
         )
@@ -64,6 +66,14 @@ class ModelRunner:
             raise ValueError(f"block_size must be a multiple of {FLASH_BLOCK_MULTIPLE} for "
                              f"attention='flash_attn', got {size}")  # fmt: skip
         return size or FLASH_BLOCK_MULTIPLE
+
+    def _optimize(self) -> str:
+        fuse_projections(self.model)
+        is_packable = self.dtype in (torch.float32, torch.bfloat16)
+        if self.device.type == "cpu" and is_packable and is_onednn_available():
+            pack_for_onednn(self.model)
+            return "onednn"
+        return "torch"
 
     # ---- public steps -------------------------------------------------------------------
 
@@ -132,7 +142,9 @@ class ModelRunner:
             slot_mapping.append(seq.block_table[(n - 1) // bs] * bs + (n - 1) % bs)
             context_lens.append(n)
         max_blocks = -(-max(context_lens) // bs)
-        tables = [s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table)) for s in seqs]
+        tables = [
+            s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table)) for s in seqs
+        ]
         context_t = self._tensor(context_lens, torch.int32)
         meta = AttentionMetadata(
             is_prefill=False, slot_mapping=self._tensor(slot_mapping, torch.int64),

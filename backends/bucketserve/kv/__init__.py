@@ -1,1 +1,1 @@
-"""BucketServe: bucket-based dynamic batching with prefill/decode disaggregation on Triton."""
+"""KV transport: pool export/import (shm / CUDA IPC), prefill->decode hand-off table, stats."""

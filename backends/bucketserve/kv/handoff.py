@@ -78,9 +78,10 @@ class HandoffTable:
         words = np.frombuffer(mm, dtype=np.int64)
         if words.size < _HEADER_WORDS or int(words[0]) != _MAGIC:
             raise FileNotFoundError(f"hand-off table {name!r} exists but is not initialised yet")
-        if int(words[1]) != _VERSION:
+        if int(words[1]) != _VERSION or words.size != _HEADER_WORDS + 3 * int(words[2]):
             raise ValueError(
-                f"hand-off table {name!r} has version {int(words[1])}, need {_VERSION}"
+                f"hand-off table {name!r}: version {int(words[1])} (need {_VERSION}) or size "
+                f"{words.size} words does not match {int(words[2])} slots"
             )
         return cls(name, mm, None, timeout_s=0.0)
 

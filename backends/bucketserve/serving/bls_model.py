@@ -23,7 +23,8 @@ WATCH_INTERVAL_S = 0.1
 def call(model: str, inputs: list, outputs: list[str], request_id: str = ""):
     """A decoupled BLS call; yields its non-empty responses, raising on an error response."""
     request = pb_utils.InferenceRequest(
-        model_name=model, inputs=inputs, requested_output_names=outputs, request_id=request_id)
+        model_name=model, inputs=inputs, requested_output_names=outputs, request_id=request_id
+    )
     for resp in request.exec(decoupled=True):
         if resp.has_error():
             raise RuntimeError(resp.error().message())
@@ -66,7 +67,9 @@ class BlsModel:
             self.run(request, sender, rid)
         except Exception as e:
             try:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
+                sender.send(
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL
+                )
             except Exception:  # the client is gone; nothing left to tell it
                 pass
         finally:
@@ -75,10 +78,17 @@ class BlsModel:
                 self.stopped.discard(rid)
 
     def run(self, request, sender, rid: str) -> None:
-        inputs = [t for t in (pb_utils.get_input_tensor_by_name(request, n) for n in INPUT_NAMES) if t is not None]
+        inputs = [
+            t
+            for t in (pb_utils.get_input_tensor_by_name(request, n) for n in INPUT_NAMES)
+            if t is not None
+        ]
         pre = pb_utils.InferenceRequest(
-            model_name="preprocessing", inputs=inputs, request_id=rid,
-            requested_output_names=["_input_ids", "_params"]).exec()
+            model_name="preprocessing",
+            inputs=inputs,
+            request_id=rid,
+            requested_output_names=["_input_ids", "_params"],
+        ).exec()
         if pre.has_error():
             raise RuntimeError(pre.error().message())
         handoff = None
@@ -86,10 +96,14 @@ class BlsModel:
             handoff = pb_utils.get_output_tensor_by_name(resp, "_handoff")
         names = ["text_output", "finish_reason", "num_input_tokens", "num_output_tokens"]
         for resp in call("decode", [pb_utils.Tensor("_handoff", handoff.as_numpy())], names):
-            reason = pb_utils.get_output_tensor_by_name(resp, "finish_reason").as_numpy().reshape(-1)[0]
+            reason = (
+                pb_utils.get_output_tensor_by_name(resp, "finish_reason").as_numpy().reshape(-1)[0]
+            )
             final = bool(reason)
-            sender.send(pb_utils.InferenceResponse(output_tensors=resp.output_tensors()),
-                        flags=FINAL if final else 0)
+            sender.send(
+                pb_utils.InferenceResponse(output_tensors=resp.output_tensors()),
+                flags=FINAL if final else 0,
+            )
             if final:
                 return
         sender.send(flags=FINAL)
@@ -97,7 +111,11 @@ class BlsModel:
     def watch(self) -> None:
         while not self.closing.wait(WATCH_INTERVAL_S):
             with self.lock:
-                gone = [rid for rid, s in self.active.items() if rid not in self.stopped and s.is_cancelled()]
+                gone = [
+                    rid
+                    for rid, s in self.active.items()
+                    if rid not in self.stopped and s.is_cancelled()
+                ]
                 self.stopped.update(gone)
             for rid in gone:
                 try:

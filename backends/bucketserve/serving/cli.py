@@ -10,10 +10,16 @@ from bucketserve.serving.config import KNOWN_POLICIES, ServeConfig
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     d = ServeConfig()
-    p.add_argument("--model", default=d.model, help="HF checkpoint dir, .gguf file, 'smollm2' or dummy:<shape>")
+    p.add_argument(
+        "--model", default=d.model, help="HF checkpoint dir, .gguf file, 'smollm2' or dummy:<shape>"
+    )
     p.add_argument("--policy", default=d.policy, choices=KNOWN_POLICIES)
-    p.add_argument("--prefill-devices", action="append", help="cpu or cuda:N (repeatable; default cpu)")
-    p.add_argument("--decode-devices", action="append", help="cpu or cuda:N (repeatable; default cpu)")
+    p.add_argument(
+        "--prefill-devices", action="append", help="cpu or cuda:N (repeatable; default cpu)"
+    )
+    p.add_argument(
+        "--decode-devices", action="append", help="cpu or cuda:N (repeatable; default cpu)"
+    )
     p.add_argument("--host", default=d.host)
     p.add_argument("--http-port", type=int, default=d.http_port)
     p.add_argument("--grpc-port", type=int, default=d.grpc_port)
@@ -30,11 +36,21 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 def serve_config(a: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
-        model=a.model, policy=a.policy, prefill_devices=a.prefill_devices or ["cpu"],
-        decode_devices=a.decode_devices or ["cpu"], host=a.host, http_port=a.http_port,
-        grpc_port=a.grpc_port, metrics_port=a.metrics_port, run_dir=a.run_dir, dtype=a.dtype,
-        attention=a.attention, block_size=a.block_size, kv_cache_gb=a.kv_cache_gb,
-        max_model_len=a.max_model_len, default_max_tokens=a.default_max_tokens,
+        model=a.model,
+        policy=a.policy,
+        prefill_devices=a.prefill_devices or ["cpu"],
+        decode_devices=a.decode_devices or ["cpu"],
+        host=a.host,
+        http_port=a.http_port,
+        grpc_port=a.grpc_port,
+        metrics_port=a.metrics_port,
+        run_dir=a.run_dir,
+        dtype=a.dtype,
+        attention=a.attention,
+        block_size=a.block_size,
+        kv_cache_gb=a.kv_cache_gb,
+        max_model_len=a.max_model_len,
+        default_max_tokens=a.default_max_tokens,
         log_verbose=a.log_verbose,
     )
 
@@ -45,11 +61,14 @@ def cmd_serve(a: argparse.Namespace) -> int:
     server = TritonServer(serve_config(a))
     print(f"starting tritonserver (log: {server.log_path}) ...", flush=True)
     with server:
-        print(f"BucketServe ready: model={a.model} policy={a.policy}\n"
-              f"  HTTP     http://{server.http_url}/v2/models/bucketserve/generate_stream\n"
-              f"  gRPC     {server.grpc_url}  (models: bucketserve, bucketserve_bls)\n"
-              f"  metrics  {server.metrics_url}\n"
-              f"Ctrl-C to stop.", flush=True)
+        print(
+            f"BucketServe ready: model={a.model} policy={a.policy}\n"
+            f"  HTTP     http://{server.http_url}/v2/models/bucketserve/generate_stream\n"
+            f"  gRPC     {server.grpc_url}  (models: bucketserve, bucketserve_bls)\n"
+            f"  metrics  {server.metrics_url}\n"
+            f"Ctrl-C to stop.",
+            flush=True,
+        )
         try:
             server.proc.wait()
         except KeyboardInterrupt:
@@ -64,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_args(sub.add_parser("serve", help="start the Triton server"))
     sub.add_parser("generate", help="one request to a running server", add_help=False)
     sub.add_parser("chat", help="interactive chat with a running server", add_help=False)
-    sub.add_parser("simulate", help="discrete-event simulation of the scheduling policies", add_help=False)
+    sub.add_parser(
+        "simulate", help="discrete-event simulation of the scheduling policies", add_help=False
+    )
     if argv and argv[0] in ("generate", "chat"):
         from bucketserve_client.cli import main as client_main
 

@@ -13,8 +13,12 @@ class ClusterStats:
 
     def __init__(self, cfg: ServeConfig) -> None:
         self.names = {
-            ("prefill", i): shm_name(cfg.run_id, "prefill", i, "st") for i in range(len(cfg.prefill_devices))
-        } | {("decode", i): shm_name(cfg.run_id, "decode", i, "st") for i in range(len(cfg.decode_devices))}
+            ("prefill", i): shm_name(cfg.run_id, "prefill", i, "st")
+            for i in range(len(cfg.prefill_devices))
+        } | {
+            ("decode", i): shm_name(cfg.run_id, "decode", i, "st")
+            for i in range(len(cfg.decode_devices))
+        }
         self.blocks: dict[tuple[str, int], StatsBlock] = {}
 
     def ready(self) -> bool:
@@ -35,11 +39,19 @@ class ClusterStats:
             s = block.read()
             if not s.heartbeat:  # created but not yet published
                 return None
-            roles[role].append(InstanceStats(
-                instance_id=f"{role}{index}", role=role, total_blocks=s.total_blocks,
-                free_blocks=s.free_blocks, block_size=s.block_size, running=s.running + s.waiting,
-                step_latency_s=s.step_latency_ema_s, kv_bytes_per_token=s.kv_bytes_per_token,
-                pending_handoffs=s.pending_handoffs))
+            roles[role].append(
+                InstanceStats(
+                    instance_id=f"{role}{index}",
+                    role=role,
+                    total_blocks=s.total_blocks,
+                    free_blocks=s.free_blocks,
+                    block_size=s.block_size,
+                    running=s.running + s.waiting,
+                    step_latency_s=s.step_latency_ema_s,
+                    kv_bytes_per_token=s.kv_bytes_per_token,
+                    pending_handoffs=s.pending_handoffs,
+                )
+            )
         return ClusterView(prefill=roles["prefill"], decode=roles["decode"])
 
     def snapshot(self) -> dict[str, object]:

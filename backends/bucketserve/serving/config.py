@@ -36,13 +36,17 @@ class ServeConfig:
     preprocessing_instances: int = 2
     max_prefill_tokens: int = 4096
     max_decode_batch: int = 256
-    stream_interval_s: float = 0.0  # 0: send whenever the sender is free (coalesce only when behind)
+    stream_interval_s: float = (
+        0.0  # 0: send whenever the sender is free (coalesce only when behind)
+    )
     log_verbose: int = 0
     model_dir: str = ""  # filled by the launcher: the resolved local checkpoint directory
 
     def __post_init__(self) -> None:
         if self.policy not in KNOWN_POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(KNOWN_POLICIES)}; got {self.policy!r}")
+            raise ValueError(
+                f"policy must be one of {', '.join(KNOWN_POLICIES)}; got {self.policy!r}"
+            )
         for name in ("prefill_devices", "decode_devices"):
             devices = getattr(self, name)
             if not devices:

@@ -10,11 +10,24 @@ import numpy as np
 
 SLO_CLASSES = ("online", "offline")
 SCALAR_INPUTS = {  # name -> python type of its scalar value
-    "max_tokens": int, "stream": bool, "temperature": float, "top_p": float, "top_k": int,
-    "seed": int, "min_tokens": int, "min_length": int, "exclude_input_in_output": bool,
-    "return_num_input_tokens": bool, "return_num_output_tokens": bool,
-    "apply_chat_template": bool, "slo_class": str, "priority": int, "ttft_slo_ms": float,
-    "tpot_slo_ms": float, "sampling_parameters": str, "stop": bool,
+    "max_tokens": int,
+    "stream": bool,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "seed": int,
+    "min_tokens": int,
+    "min_length": int,
+    "exclude_input_in_output": bool,
+    "return_num_input_tokens": bool,
+    "return_num_output_tokens": bool,
+    "apply_chat_template": bool,
+    "slo_class": str,
+    "priority": int,
+    "ttft_slo_ms": float,
+    "tpot_slo_ms": float,
+    "sampling_parameters": str,
+    "stop": bool,
 }
 VLLM_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "min_tokens")
 
@@ -85,10 +98,23 @@ def parse_params(inputs: dict[str, np.ndarray], default_max_tokens: int) -> Gene
     """Build GenerateParams from the request's tensors; every error names the field and limit."""
     values = {name: scalar(inputs.get(name), name, kind) for name, kind in SCALAR_INPUTS.items()}
     values.update(vllm_sampling(values.pop("sampling_parameters")))
-    p = GenerateParams(max_tokens=default_max_tokens, stop_words=stop_words(inputs.get("stop_words")))
-    for name in ("max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "min_tokens",
-                 "exclude_input_in_output", "return_num_input_tokens",
-                 "return_num_output_tokens", "apply_chat_template", "stop"):
+    p = GenerateParams(
+        max_tokens=default_max_tokens, stop_words=stop_words(inputs.get("stop_words"))
+    )
+    for name in (
+        "max_tokens",
+        "stream",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "min_tokens",
+        "exclude_input_in_output",
+        "return_num_input_tokens",
+        "return_num_output_tokens",
+        "apply_chat_template",
+        "stop",
+    ):
         if values.get(name) is not None:
             setattr(p, name, values[name])
     if values.get("min_length") is not None and values.get("min_tokens") is None:
@@ -133,7 +159,9 @@ def validate(p: GenerateParams) -> None:
     if p.top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 disables), got {p.top_k}")
     if not 0 <= p.min_tokens <= p.max_tokens:
-        raise ValueError(f"min_tokens must be in [0, max_tokens={p.max_tokens}], got {p.min_tokens}")
+        raise ValueError(
+            f"min_tokens must be in [0, max_tokens={p.max_tokens}], got {p.min_tokens}"
+        )
     if p.seed is not None and not 0 <= p.seed < 2**63:
         raise ValueError(f"seed must be in [0, 2**63), got {p.seed}")
     if p.slo_class not in SLO_CLASSES:
@@ -145,9 +173,11 @@ def check_context(p: GenerateParams, num_prompt_tokens: int, max_model_len: int)
     if num_prompt_tokens >= max_model_len:
         raise ValueError(
             f"text_input is {num_prompt_tokens} tokens; the context is {max_model_len} tokens "
-            f"(prompt must be shorter to leave room for max_tokens)")
+            f"(prompt must be shorter to leave room for max_tokens)"
+        )
     room = max_model_len - num_prompt_tokens
     if p.max_tokens > room:
         raise ValueError(
             f"max_tokens={p.max_tokens} exceeds the context: {num_prompt_tokens} prompt tokens + "
-            f"max_tokens must be <= {max_model_len} (at most {room} here)")
+            f"max_tokens must be <= {max_model_len} (at most {room} here)"
+        )

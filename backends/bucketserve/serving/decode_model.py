@@ -22,7 +22,7 @@ from bucketserve.serving.model_info import load_tokenizer, model_info
 from bucketserve.serving.triton_io import bytes_tensor, instance_index, json_input, model_parameter
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-GAUGE_INTERVAL_S = 0.5
+GAUGE_INTERVAL_S = 0.25
 
 
 @dataclass(slots=True)
@@ -37,11 +37,14 @@ class Client:
 
 
 def response(text: str, reason: str, n_in: int, n_out: int):
-    return pb_utils.InferenceResponse(output_tensors=[
-        bytes_tensor("text_output", text), bytes_tensor("finish_reason", reason),
-        pb_utils.Tensor("num_input_tokens", np.array([n_in], dtype=np.int32)),
-        pb_utils.Tensor("num_output_tokens", np.array([n_out], dtype=np.int32)),
-    ])
+    return pb_utils.InferenceResponse(
+        output_tensors=[
+            bytes_tensor("text_output", text),
+            bytes_tensor("finish_reason", reason),
+            pb_utils.Tensor("num_input_tokens", np.array([n_in], dtype=np.int32)),
+            pb_utils.Tensor("num_output_tokens", np.array([n_out], dtype=np.int32)),
+        ]
+    )
 
 
 class DecodeModel:
@@ -53,12 +56,16 @@ class DecodeModel:
         cfg = ServeConfig.read(model_parameter(args, "run_config"))
         index = instance_index(args)
         self.name = f"decode{index}"
-        runner = build_runner(cfg, cfg.decode_devices[index], shm_name(cfg.run_id, "decode", index, "kv"))
+        runner = build_runner(
+            cfg, cfg.decode_devices[index], shm_name(cfg.run_id, "decode", index, "kv")
+        )
         self.blocks = BlockManager(runner.num_blocks, runner.block_size)
         self.stats = StatsBlock.create(shm_name(cfg.run_id, "decode", index, "st"))
         tokenizer = load_tokenizer(model_info(cfg)).backend_tokenizer
         self.outbox: queue.Queue = queue.Queue()
-        self.worker = DecodeWorker(runner, self.blocks, tokenizer, self.stats, self.outbox, cfg.handoff_timeout_s)
+        self.worker = DecodeWorker(
+            runner, self.blocks, tokenizer, self.stats, self.outbox, cfg.handoff_timeout_s
+        )
         self.worker.publish()
         self.clients: dict[int, Client] = {}
         self.by_request_id: dict[str, int] = {}
@@ -66,8 +73,10 @@ class DecodeModel:
         self.keys = itertools.count()
         self.kv_metrics = KvMetrics(self.name)
         self.req_metrics = RequestMetrics(self.name)
-        self.threads = [threading.Thread(target=self.worker.loop, name="decode-engine", daemon=True),
-                        threading.Thread(target=self.send_loop, name="decode-sender", daemon=True)]
+        self.threads = [
+            threading.Thread(target=self.worker.loop, name="decode-engine", daemon=True),
+            threading.Thread(target=self.send_loop, name="decode-sender", daemon=True),
+        ]
         for t in self.threads:
             t.start()
 
@@ -77,7 +86,12 @@ class DecodeModel:
             try:
                 handoff = Handoff.from_json(json_input(request, "_handoff"))
             except Exception as e:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"decode: bad hand-off: {e}")), flags=FINAL)
+                sender.send(
+                    pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError(f"decode: bad hand-off: {e}")
+                    ),
+                    flags=FINAL,
+                )
                 continue
             if handoff.kind == KIND_STOP:
                 self.stop(handoff.target)
@@ -85,7 +99,9 @@ class DecodeModel:
             elif handoff.kind == KIND_GENERATE:
                 self.start(sender, handoff)
             else:  # cancelled while still queued for prefill
-                sender.send(response("", "cancelled", handoff.params.num_input_tokens, 0), flags=FINAL)
+                sender.send(
+                    response("", "cancelled", handoff.params.num_input_tokens, 0), flags=FINAL
+                )
         return None
 
     def start(self, sender, handoff: Handoff) -> None:
@@ -122,7 +138,9 @@ class DecodeModel:
                     self.outbox.put(None)
                     break
                 items.append(item)
-            self.deliver(merge(items))
+            finished = self.deliver(merge(items))
+            if finished:
+                self.kv_metrics.set(self.blocks.num_free_blocks, self.blocks.num_total_blocks)
             if time.monotonic() >= next_gauge:
                 self.housekeeping()
                 next_gauge = time.monotonic() + GAUGE_INTERVAL_S
@@ -136,7 +154,9 @@ class DecodeModel:
             if client.sender.is_cancelled():
                 self.worker.cancel(key)
 
-    def deliver(self, deltas: list[Delta]) -> None:
+    def deliver(self, deltas: list[Delta]) -> bool:
+        """Send what each request produced; True when some request finished."""
+        finished = False
         for d in deltas:
             with self.lock:
                 client = self.clients.get(d.key)
@@ -154,10 +174,12 @@ class DecodeModel:
             text, client.buffer = client.buffer + text, ""
             if d.finish_reason:
                 self.complete(d, client, text)
+                finished = True
             else:
                 client.sender.send(response(text, "", p.num_input_tokens, d.num_output_tokens))
                 if client.sender.is_cancelled():
                     self.worker.cancel(d.key)
+        return finished
 
     def complete(self, d: Delta, client: Client, text: str) -> None:
         p = client.handoff.params
@@ -166,9 +188,14 @@ class DecodeModel:
             if self.by_request_id.get(p.request_id) == d.key:
                 del self.by_request_id[p.request_id]
         if d.error:
-            client.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(d.error)), flags=FINAL)
+            client.sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(d.error)), flags=FINAL
+            )
         else:
-            client.sender.send(response(text, d.finish_reason, p.num_input_tokens, d.num_output_tokens), flags=FINAL)
+            client.sender.send(
+                response(text, d.finish_reason, p.num_input_tokens, d.num_output_tokens),
+                flags=FINAL,
+            )
         self.observe(d, client)
 
     def observe(self, d: Delta, client: Client) -> None:
@@ -176,9 +203,19 @@ class DecodeModel:
         if not client.first_token_s or d.error:
             return
         ttft = client.first_token_s - h.arrival_s
-        tpot = (now - client.first_token_s) / (d.num_output_tokens - 1) if d.num_output_tokens > 1 else None
-        self.req_metrics.finished(d.finish_reason, ttft, tpot, now - h.arrival_s,
-                                  h.params.num_input_tokens, d.num_output_tokens)
+        tpot = (
+            (now - client.first_token_s) / (d.num_output_tokens - 1)
+            if d.num_output_tokens > 1
+            else None
+        )
+        self.req_metrics.finished(
+            d.finish_reason,
+            ttft,
+            tpot,
+            now - h.arrival_s,
+            h.params.num_input_tokens,
+            d.num_output_tokens,
+        )
         self.req_metrics.handoff.observe(max(0.0, client.first_token_s - h.prefill_done_s))
 
     def finalize(self) -> None:

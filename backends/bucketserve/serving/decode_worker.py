@@ -45,7 +45,9 @@ class Stream:
 class DecodeWorker:
     """Owns the decode runner and its blocks; `submit`/`cancel` are the only entry points."""
 
-    def __init__(self, runner, blocks, tokenizer, stats, outbox: queue.Queue, timeout_s: float) -> None:
+    def __init__(
+        self, runner, blocks, tokenizer, stats, outbox: queue.Queue, timeout_s: float
+    ) -> None:
         self.runner, self.blocks, self.stats, self.outbox = runner, blocks, stats, outbox
         self.tokenizer = tokenizer
         self.eos = set(runner.model_config.eos_token_ids)
@@ -115,7 +117,11 @@ class DecodeWorker:
                 if time.monotonic() - s.queued_s > self.timeout_s / 2:
                     self.waiting.popleft()
                     self.ack(s.handoff)
-                    self.finish(s, "error", error="decode KV cache exhausted: request waited too long for blocks")
+                    self.finish(
+                        s,
+                        "error",
+                        error="decode KV cache exhausted: request waited too long for blocks",
+                    )
                     continue
                 return
             self.waiting.popleft()
@@ -129,7 +135,9 @@ class DecodeWorker:
         n_src = len(h.block_ids)
         copy_blocks(src, h.block_ids, self.runner.pool, s.seq.block_table[:n_src])
         if not self.ack(h):
-            self.finish(s, "error", error="KV hand-off expired before decode pulled it; retry the request")
+            self.finish(
+                s, "error", error="KV hand-off expired before decode pulled it; retry the request"
+            )
             return
         s.text = TextStream(self.tokenizer, h.params.stop_words)
         admitted = time.time()
@@ -138,7 +146,9 @@ class DecodeWorker:
 
     def pool(self, handle_json: str):
         if handle_json not in self.pools:
-            self.pools[handle_json] = open_pool(PoolHandle.from_json(handle_json), self.runner.device)
+            self.pools[handle_json] = open_pool(
+                PoolHandle.from_json(handle_json), self.runner.device
+            )
         return self.pools[handle_json]
 
     def ack(self, h: Handoff) -> bool:
@@ -152,7 +162,9 @@ class DecodeWorker:
         for s, tok in zip(list(self.running), tokens, strict=True):
             self.emit(s, tok)
 
-    def emit(self, s: Stream, token: int, first_token_s: float = 0.0, admitted_s: float = 0.0) -> None:
+    def emit(
+        self, s: Stream, token: int, first_token_s: float = 0.0, admitted_s: float = 0.0
+    ) -> None:
         """Append one sampled token, send its text, and finish the request when it is done."""
         s.seq.append_token(token)
         s.num_output += 1
@@ -163,8 +175,12 @@ class DecodeWorker:
         if stopped:
             return self.finish(s, "stop", text, first_token_s=first_token_s, admitted_s=admitted_s)
         if s.num_output >= p.max_tokens:
-            return self.finish(s, "length", text, first_token_s=first_token_s, admitted_s=admitted_s)
-        self.outbox.put(Delta(s.key, text, s.num_output, first_token_s=first_token_s, admitted_s=admitted_s))
+            return self.finish(
+                s, "length", text, first_token_s=first_token_s, admitted_s=admitted_s
+            )
+        self.outbox.put(
+            Delta(s.key, text, s.num_output, first_token_s=first_token_s, admitted_s=admitted_s)
+        )
 
     def finish(self, s: Stream, reason: str, text: str = "", error: str = "", **times) -> None:
         if s in self.running:

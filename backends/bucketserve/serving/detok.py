@@ -39,7 +39,7 @@ class TextStream:
             safe = len(self.text) - held_suffix(self.text, self.stop_words)
         else:
             safe = len(self.text)
-        delta = self.text[self.sent:safe]
+        delta = self.text[self.sent : safe]
         self.sent = max(self.sent, safe)
         return delta, False
 
@@ -50,6 +50,6 @@ class TextStream:
 
     def flush(self) -> str:
         """Everything not yet sent (at the end of the request)."""
-        delta = self.text[self.sent:]
+        delta = self.text[self.sent :]
         self.sent = len(self.text)
         return delta

@@ -15,8 +15,14 @@ def build_runner(cfg: ServeConfig, device: str, pool_name: str):
 
     optional = {"kv_cache_gb": cfg.kv_cache_gb} if cfg.kv_cache_gb is not None else {}
     ecfg = EngineConfig(
-        model=cfg.model_dir, device=device, dtype=cfg.dtype, block_size=cfg.block_size,
-        attention=cfg.attention, max_model_len=cfg.max_model_len, pool_name=pool_name, **optional,
+        model=cfg.model_dir,
+        device=device,
+        dtype=cfg.dtype,
+        block_size=cfg.block_size,
+        attention=cfg.attention,
+        max_model_len=cfg.max_model_len,
+        pool_name=pool_name,
+        **optional,
     )
     return ModelRunner(ecfg)
 
@@ -25,8 +31,12 @@ def sampling_of(row: PrefillRow):
     from bucketserve.engine.sampling_params import SamplingParams
 
     return SamplingParams(
-        temperature=row.temperature, top_p=row.top_p, top_k=row.top_k, seed=row.seed,
-        min_tokens=row.min_tokens, max_tokens=row.max_tokens,
+        temperature=row.temperature,
+        top_p=row.top_p,
+        top_k=row.top_k,
+        seed=row.seed,
+        min_tokens=row.min_tokens,
+        max_tokens=row.max_tokens,
     )
 
 
@@ -39,10 +49,14 @@ def new_sequence(token_ids: list[int], row: PrefillRow):
 def publish_stats(stats, runner, blocks, running: int, waiting: int, pending: int) -> None:
     """Write this instance's numbers to its shared-memory stats block (read by the scheduler)."""
     stats.publish(
-        total_blocks=blocks.num_total_blocks, free_blocks=blocks.num_free_blocks,
-        block_size=runner.block_size, running=running, waiting=waiting,
+        total_blocks=blocks.num_total_blocks,
+        free_blocks=blocks.num_free_blocks,
+        block_size=runner.block_size,
+        running=running,
+        waiting=waiting,
         step_latency_ema_s=runner.stats.ema_decode_s or runner.stats.ema_prefill_s,
         tokens_processed=runner.stats.num_tokens,
-        kv_bytes_per_token=runner.model_config.kv_bytes_per_token, heartbeat=time.time(),
+        kv_bytes_per_token=runner.model_config.kv_bytes_per_token,
+        heartbeat=time.time(),
         pending_handoffs=pending,
     )

@@ -53,7 +53,9 @@ class PrefillRow:
 
     @classmethod
     def of(cls, p: GenerateParams) -> PrefillRow:
-        return cls(p.request_id, p.temperature, p.top_p, p.top_k, p.seed, p.min_tokens, p.max_tokens)
+        return cls(
+            p.request_id, p.temperature, p.top_p, p.top_k, p.seed, p.min_tokens, p.max_tokens
+        )
 
 
 @dataclass(slots=True)

@@ -51,12 +51,21 @@ class TritonServer:
     def command(self, repo: Path, backends: Path, server_bin: Path) -> list[str]:
         c = self.cfg
         return [
-            str(server_bin), f"--model-repository={repo}", f"--backend-directory={backends}",
-            f"--http-address={c.host}", f"--http-port={c.http_port}",
-            f"--grpc-address={c.host}", f"--grpc-port={c.grpc_port}",
-            f"--metrics-address={c.host}", f"--metrics-port={c.metrics_port}",
-            "--allow-metrics=true", "--allow-gpu-metrics=false", "--allow-cpu-metrics=true",
-            f"--log-verbose={c.log_verbose}", "--exit-on-error=true",
+            str(server_bin),
+            f"--model-repository={repo}",
+            f"--backend-directory={backends}",
+            f"--http-address={c.host}",
+            f"--http-port={c.http_port}",
+            f"--grpc-address={c.host}",
+            f"--grpc-port={c.grpc_port}",
+            f"--metrics-address={c.host}",
+            f"--metrics-port={c.metrics_port}",
+            "--allow-metrics=true",
+            "--allow-gpu-metrics=false",
+            "--allow-cpu-metrics=true",
+            f"--log-verbose={c.log_verbose}",
+            "--exit-on-error=true",
+            "--exit-timeout-secs=10",
             "--metrics-config=summary_latencies=true",
         ]
 
@@ -69,8 +78,11 @@ class TritonServer:
         env = server_env(install, {"BUCKETSERVE_RUN_CONFIG": str(self.run_dir / "run_config.json")})
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            self.command(repo, backends, install.server_bin), stdout=log, stderr=subprocess.STDOUT,
-            env=env, start_new_session=True,
+            self.command(repo, backends, install.server_bin),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
@@ -79,7 +91,9 @@ class TritonServer:
         url = f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"tritonserver exited ({self.proc.returncode}):\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"tritonserver exited ({self.proc.returncode}):\n{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(url, timeout=2) as resp:
                     if resp.status == 200:

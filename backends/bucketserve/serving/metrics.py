@@ -21,7 +21,9 @@ def family(name: str, description: str, kind):
 
 
 def histogram(name: str, description: str, labels: dict, buckets: list[float]):
-    return family(name, description, pb_utils.MetricFamily.HISTOGRAM).Metric(labels=labels, buckets=buckets)
+    return family(name, description, pb_utils.MetricFamily.HISTOGRAM).Metric(
+        labels=labels, buckets=buckets
+    )
 
 
 def gauge(name: str, description: str, labels: dict):
@@ -50,17 +52,35 @@ class RequestMetrics:
 
     def __init__(self, instance: str) -> None:
         labels = {"instance": instance}
-        self.ttft = histogram("time_to_first_token_seconds", "Time to first token", labels, LATENCY_BUCKETS)
-        self.tpot = histogram("time_per_output_token_seconds", "Mean time per output token after the first", labels, TPOT_BUCKETS)
-        self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency", labels, LATENCY_BUCKETS)
-        self.handoff = histogram("handoff_latency_seconds", "End of prefill to KV pulled by decode", labels, LATENCY_BUCKETS)
+        self.ttft = histogram(
+            "time_to_first_token_seconds", "Time to first token", labels, LATENCY_BUCKETS
+        )
+        self.tpot = histogram(
+            "time_per_output_token_seconds",
+            "Mean time per output token after the first",
+            labels,
+            TPOT_BUCKETS,
+        )
+        self.e2e = histogram(
+            "e2e_request_latency_seconds", "End-to-end request latency", labels, LATENCY_BUCKETS
+        )
+        self.handoff = histogram(
+            "handoff_latency_seconds",
+            "End of prefill to KV pulled by decode",
+            labels,
+            LATENCY_BUCKETS,
+        )
         self.prompt_tokens = counter("prompt_tokens_total", "Prompt tokens processed", labels)
         self.generation_tokens = counter("generation_tokens_total", "Tokens generated", labels)
-        self.kind = family("requests_total", "Finished requests by finish reason", pb_utils.MetricFamily.COUNTER)
+        self.kind = family(
+            "requests_total", "Finished requests by finish reason", pb_utils.MetricFamily.COUNTER
+        )
         self.by_reason: dict[str, object] = {}
         self.labels = labels
 
-    def finished(self, reason: str, ttft: float, tpot: float | None, e2e: float, n_in: int, n_out: int) -> None:
+    def finished(
+        self, reason: str, ttft: float, tpot: float | None, e2e: float, n_in: int, n_out: int
+    ) -> None:
         self.ttft.observe(ttft)
         if tpot is not None:
             self.tpot.observe(tpot)
@@ -68,7 +88,9 @@ class RequestMetrics:
         self.prompt_tokens.increment(n_in)
         self.generation_tokens.increment(n_out)
         if reason not in self.by_reason:
-            self.by_reason[reason] = self.kind.Metric(labels={**self.labels, "finish_reason": reason})
+            self.by_reason[reason] = self.kind.Metric(
+                labels={**self.labels, "finish_reason": reason}
+            )
         self.by_reason[reason].increment(1)
 
 
@@ -77,17 +99,34 @@ class SchedulerMetrics:
 
     def __init__(self, policy: str) -> None:
         labels = {"policy": policy}
-        self.batch_size = histogram("prefill_batch_size", "Requests per prefill batch", labels, BATCH_BUCKETS)
-        self.batch_time = histogram("prefill_batch_seconds", "Prefill batch latency seen by the scheduler", labels, LATENCY_BUCKETS)
+        self.batch_size = histogram(
+            "prefill_batch_size", "Requests per prefill batch", labels, BATCH_BUCKETS
+        )
+        self.batch_time = histogram(
+            "prefill_batch_seconds",
+            "Prefill batch latency seen by the scheduler",
+            labels,
+            LATENCY_BUCKETS,
+        )
         self.padding = gauge("padding_ratio", "Padding ratio of the last prefill batch", labels)
         self.num_buckets = gauge("bucket_count", "Number of buckets", labels)
         self.waiting = gauge("queue_length_total", "Requests waiting for prefill", labels)
-        self.decision_s = counter("scheduler_decision_seconds_total", "Wall time spent deciding batches", labels)
+        self.decision_s = counter(
+            "scheduler_decision_seconds_total", "Wall time spent deciding batches", labels
+        )
         self.decisions = counter("scheduler_decisions_total", "Batch decisions taken", labels)
         qf = family("queue_length", "Requests waiting per bucket", pb_utils.MetricFamily.GAUGE)
-        bf = family("bucket_upper_bound", "Upper bound (exclusive, tokens) of each bucket", pb_utils.MetricFamily.GAUGE)
-        self.queue = [qf.Metric(labels={**labels, "bucket": str(i)}) for i in range(MAX_BUCKETS_EXPORTED)]
-        self.bounds = [bf.Metric(labels={**labels, "bucket": str(i)}) for i in range(MAX_BUCKETS_EXPORTED)]
+        bf = family(
+            "bucket_upper_bound",
+            "Upper bound (exclusive, tokens) of each bucket",
+            pb_utils.MetricFamily.GAUGE,
+        )
+        self.queue = [
+            qf.Metric(labels={**labels, "bucket": str(i)}) for i in range(MAX_BUCKETS_EXPORTED)
+        ]
+        self.bounds = [
+            bf.Metric(labels={**labels, "bucket": str(i)}) for i in range(MAX_BUCKETS_EXPORTED)
+        ]
         self.last_buckets = -1
         self.seen_decisions = 0
 

@@ -15,9 +15,11 @@ from bucketserve.kv.stats import StatsBlock
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.engine_glue import build_runner, new_sequence, publish_stats
 from bucketserve.serving.handoff import PrefillReply, PrefillResult, PrefillRow
+from bucketserve.serving.metrics import KvMetrics
 from bucketserve.serving.triton_io import bytes_tensor, instance_index, model_parameter
 
 RECLAIM_INTERVAL_S = 0.02
+GAUGE_INTERVAL_S = 0.25
 
 
 class PrefillWorker:
@@ -27,10 +29,14 @@ class PrefillWorker:
         from bucketserve.engine.block_manager import BlockManager
 
         self.cfg, self.index = cfg, index
-        self.runner = build_runner(cfg, cfg.prefill_devices[index], shm_name(cfg.run_id, "prefill", index, "kv"))
+        self.runner = build_runner(
+            cfg, cfg.prefill_devices[index], shm_name(cfg.run_id, "prefill", index, "kv")
+        )
         self.blocks = BlockManager(self.runner.num_blocks, self.runner.block_size)
         self.table_name = shm_name(cfg.run_id, "prefill", index, "ho")
-        self.table = HandoffTable.create(self.table_name, self.runner.num_blocks, cfg.handoff_timeout_s)
+        self.table = HandoffTable.create(
+            self.table_name, self.runner.num_blocks, cfg.handoff_timeout_s
+        )
         self.stats = StatsBlock.create(shm_name(cfg.run_id, "prefill", index, "st"))
         self.lock = threading.Lock()
         self.publish()
@@ -51,13 +57,15 @@ class PrefillWorker:
         self.reclaim()
         seqs, offset = [], 0
         for n, row in zip(seq_lens.tolist(), rows, strict=True):
-            seqs.append(new_sequence(ids[offset:offset + n].tolist(), row))
+            seqs.append(new_sequence(ids[offset : offset + n].tolist(), row))
             offset += n
         with self.lock:
             needed = sum(self.blocks.blocks_needed(s.num_tokens) for s in seqs)
             if needed > self.blocks.num_free_blocks:
-                raise RuntimeError(f"prefill KV pool full: batch needs {needed} blocks, "
-                                   f"{self.blocks.num_free_blocks} free")
+                raise RuntimeError(
+                    f"prefill KV pool full: batch needs {needed} blocks, "
+                    f"{self.blocks.num_free_blocks} free"
+                )
             for s in seqs:
                 self.blocks.allocate_for(s, s.num_tokens)
         try:
@@ -68,11 +76,18 @@ class PrefillWorker:
                     self.blocks.release(s)
             raise
         now = time.monotonic()
-        results = [PrefillResult(tok, list(s.block_table), self.table.publish(list(s.block_table), now))
-                   for tok, s in zip(first, seqs, strict=True)]
+        results = [
+            PrefillResult(tok, list(s.block_table), self.table.publish(list(s.block_table), now))
+            for tok, s in zip(first, seqs, strict=True)
+        ]
         self.publish()
-        return PrefillReply(self.index, self.runner.pool_handle.to_json(), self.table_name, results,
-                            time.perf_counter() - start)
+        return PrefillReply(
+            self.index,
+            self.runner.pool_handle.to_json(),
+            self.table_name,
+            results,
+            time.perf_counter() - start,
+        )
 
     def close(self) -> None:
         self.stats.close()
@@ -87,13 +102,21 @@ class PrefillModel:
     def initialize(self, args: dict) -> None:
         cfg = ServeConfig.read(model_parameter(args, "run_config"))
         self.worker = PrefillWorker(cfg, instance_index(args))
+        self.kv_metrics = KvMetrics(f"prefill{self.worker.index}")
         self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self.reclaim_loop, name="prefill-reclaim", daemon=True)
+        self.thread = threading.Thread(
+            target=self.reclaim_loop, name="prefill-reclaim", daemon=True
+        )
         self.thread.start()
 
     def reclaim_loop(self) -> None:
+        next_gauge = 0.0
         while not self.stop_event.wait(RECLAIM_INTERVAL_S):
             self.worker.reclaim()
+            if time.monotonic() >= next_gauge:
+                blocks = self.worker.blocks
+                self.kv_metrics.set(blocks.num_free_blocks, blocks.num_total_blocks)
+                next_gauge = time.monotonic() + GAUGE_INTERVAL_S
 
     def execute(self, requests: list) -> list:
         return [self.one(r) for r in requests]

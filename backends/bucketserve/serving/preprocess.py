@@ -33,7 +33,9 @@ class Preprocessor:
             return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
         return self.tokenizer.encode(text)
 
-    def __call__(self, inputs: dict[str, np.ndarray], request_id: str) -> tuple[list[int], GenerateParams]:
+    def __call__(
+        self, inputs: dict[str, np.ndarray], request_id: str
+    ) -> tuple[list[int], GenerateParams]:
         params = parse_params(inputs, self.cfg.default_max_tokens)
         params.request_id = request_id
         if params.stop:
@@ -61,10 +63,12 @@ class PreprocessModel:
             ids, params = self.pre(read_inputs(request, INPUT_NAMES), request.request_id())
         except ValueError as e:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("_input_ids", np.asarray(ids, dtype=np.int32)),
-            pb_utils.Tensor("_params", np.array([params.to_json().encode()], dtype=np.object_)),
-        ])
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor("_input_ids", np.asarray(ids, dtype=np.int32)),
+                pb_utils.Tensor("_params", np.array([params.to_json().encode()], dtype=np.object_)),
+            ]
+        )
 
     def finalize(self) -> None:
         self.pre = None

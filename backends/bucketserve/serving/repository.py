@@ -58,7 +58,9 @@ def render(cfg: ServeConfig, run_dir: Path) -> Path:
     run_config = run_dir / "run_config.json"
     cfg.write(run_config)
     values = template_vars(cfg, templates, run_config)
-    for model in sorted(p for p in templates.iterdir() if p.is_dir() and not p.name.startswith("_")):
+    for model in sorted(
+        p for p in templates.iterdir() if p.is_dir() and not p.name.startswith("_")
+    ):
         shutil.copytree(model, repo / model.name, ignore=shutil.ignore_patterns("__pycache__"))
         config = repo / model.name / "config.pbtxt"
         config.write_text(Template(config.read_text()).substitute(values))

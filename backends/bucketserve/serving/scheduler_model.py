@@ -42,7 +42,9 @@ class Waiting:
 
 
 def send_handoff(sender, handoff: Handoff) -> None:
-    response = pb_utils.InferenceResponse(output_tensors=[bytes_tensor("_handoff", handoff.to_json())])
+    response = pb_utils.InferenceResponse(
+        output_tensors=[bytes_tensor("_handoff", handoff.to_json())]
+    )
     sender.send(response, flags=FINAL)
 
 
@@ -56,7 +58,9 @@ class SchedulerModel:
     def initialize(self, args: dict) -> None:
         self.cfg = ServeConfig.read(model_parameter(args, "run_config"))
         info = model_info(self.cfg)
-        sched_cfg = SchedulerConfig(max_model_len=info.max_model_len, block_size=self.cfg.block_size or 16)
+        sched_cfg = SchedulerConfig(
+            max_model_len=info.max_model_len, block_size=self.cfg.block_size or 16
+        )
         self.sched = make_scheduler(self.cfg.policy, sched_cfg, time.monotonic)
         self.cluster = ClusterStats(self.cfg)
         self.metrics = SchedulerMetrics(self.cfg.policy)
@@ -74,7 +78,9 @@ class SchedulerModel:
             sender = request.get_response_sender()
             try:
                 params = GenerateParams.from_json(json_input(request, "_params"))
-                ids = pb_utils.get_input_tensor_by_name(request, "_input_ids").as_numpy().reshape(-1)
+                ids = (
+                    pb_utils.get_input_tensor_by_name(request, "_input_ids").as_numpy().reshape(-1)
+                )
             except Exception as e:
                 send_error(sender, f"scheduler: malformed request: {e}")
                 continue
@@ -91,10 +97,17 @@ class SchedulerModel:
             self.waiting[key] = Waiting(sender, ids, params, time.time())
             if params.request_id:
                 self.by_user_id[params.request_id] = key
-            self.sched.add(RequestMeta(
-                request_id=key, prompt_len=len(ids), max_tokens=params.max_tokens,
-                arrival_s=time.monotonic(), slo_class=params.slo_class,
-                ttft_slo_s=params.ttft_slo_s, tpot_slo_s=params.tpot_slo_s))
+            self.sched.add(
+                RequestMeta(
+                    request_id=key,
+                    prompt_len=len(ids),
+                    max_tokens=params.max_tokens,
+                    arrival_s=time.monotonic(),
+                    slo_class=params.slo_class,
+                    ttft_slo_s=params.ttft_slo_s,
+                    tpot_slo_s=params.tpot_slo_s,
+                )
+            )
             self.cond.notify()
 
     def stop(self, sender, params: GenerateParams) -> None:
@@ -151,11 +164,22 @@ class SchedulerModel:
         self.metrics.batch(len(items), batch.padding_ratio, duration)
         done = time.time()
         for item, res in zip(items, reply.results, strict=True):
-            send_handoff(item.sender, Handoff(
-                KIND_GENERATE, item.params, prompt_ids=item.ids, first_token=res.first_token,
-                prefill_index=reply.index, pool=reply.pool, handoff_table=reply.handoff_table,
-                handoff_id=res.handoff_id, block_ids=res.block_ids, arrival_s=item.arrival_s,
-                prefill_done_s=done))
+            send_handoff(
+                item.sender,
+                Handoff(
+                    KIND_GENERATE,
+                    item.params,
+                    prompt_ids=item.ids,
+                    first_token=res.first_token,
+                    prefill_index=reply.index,
+                    pool=reply.pool,
+                    handoff_table=reply.handoff_table,
+                    handoff_id=res.handoff_id,
+                    block_ids=res.block_ids,
+                    arrival_s=item.arrival_s,
+                    prefill_done_s=done,
+                ),
+            )
 
     def prefill(self, items: list[Waiting]) -> PrefillReply:
         """One BLS call to `prefill` with the packed batch."""
@@ -163,9 +187,14 @@ class SchedulerModel:
         lens = np.asarray([len(i.ids) for i in items], dtype=np.int32)
         rows = json.dumps([asdict(PrefillRow.of(i.params)) for i in items])
         request = pb_utils.InferenceRequest(
-            model_name="prefill", requested_output_names=["result"],
-            inputs=[pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("seq_lens", lens),
-                    bytes_tensor("sampling", rows)])
+            model_name="prefill",
+            requested_output_names=["result"],
+            inputs=[
+                pb_utils.Tensor("input_ids", ids),
+                pb_utils.Tensor("seq_lens", lens),
+                bytes_tensor("sampling", rows),
+            ],
+        )
         response = request.exec()
         if response.has_error():
             raise RuntimeError(response.error().message())
@@ -182,4 +211,3 @@ class SchedulerModel:
         for item in pending:
             send_error(item.sender, "server shutting down")
         self.cluster.close()
-

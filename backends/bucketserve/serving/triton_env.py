@@ -39,7 +39,9 @@ def find_triton() -> TritonInstall:
 def _pypi_triton() -> TritonInstall:
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"no tritonserver found on PATH or in /opt/tritonserver; {PYTRITON_HINT}")
+        raise RuntimeError(
+            f"no tritonserver found on PATH or in /opt/tritonserver; {PYTRITON_HINT}"
+        )
     root = Path(spec.submodule_search_locations[0]) / "tritonserver"
     ver = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
@@ -55,8 +57,11 @@ def assemble_backends(install: TritonInstall, run_dir: Path) -> Path:
         return install.python_backend.parent
     dst = run_dir / "backends" / "python"
     dst.mkdir(parents=True, exist_ok=True)
-    for src in (install.python_backend / "libtriton_python.so",
-                install.python_backend / "triton_python_backend_utils.py", install.stub):
+    for src in (
+        install.python_backend / "libtriton_python.so",
+        install.python_backend / "triton_python_backend_utils.py",
+        install.stub,
+    ):
         target = dst / src.name
         if not target.exists():
             shutil.copy2(src, target)

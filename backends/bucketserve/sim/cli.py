@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rates", default=DEFAULT_RATES, help="comma-separated request rates (req/s)")
     p.add_argument("--num-requests", type=int, default=300)
+    p.add_argument(
+        "--duration", type=float, default=None, help="at least rate x duration requests per run"
+    )
     p.add_argument("--out", type=Path, default=None, help="directory for CSV and PNG files")
     p.add_argument("--arrival", choices=ARRIVALS, default="poisson")
     p.add_argument("--cv", type=float, default=2.0, help="Gamma arrivals' coefficient of variation")
@@ -81,7 +84,7 @@ def build_sweeps(args: argparse.Namespace) -> list[Sweep]:
             name, args.num_requests, rates[0], args.arrival, args.cv, args.long_fraction,
             model.max_len, min(512, model.max_len // 2), args.slo_class, args.seed,
         )  # fmt: skip
-        sweeps.append(Sweep(spec, policies, rates, cluster, latency))
+        sweeps.append(Sweep(spec, policies, rates, cluster, latency, duration_s=args.duration))
     return sweeps
 
 

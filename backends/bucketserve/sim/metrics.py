@@ -40,6 +40,7 @@ class RunMetrics:
     tpot_attainment: float
     throughput_tok_s: float
     served_rate: float
+    completion_rate: float
     mean_ttft_s: float
     p90_ttft_s: float
     mean_tpot_s: float
@@ -63,6 +64,20 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else math.nan
 
 
+def served_rate(reqs: list[SimRequest], warmup: float = 0.2) -> float:
+    """Completions per second while requests still arrive (after a warm-up share of that span).
+
+    Equals the offered rate when the system keeps up and its capacity when it does not; it
+    ignores the drain after the last arrival, which flatters overloaded finite runs.
+    """
+    first = min(r.meta.arrival_s for r in reqs)
+    last = max(r.meta.arrival_s for r in reqs)
+    start = first + warmup * (last - first)
+    if last - start < 1e-9:
+        return math.nan
+    return sum(1 for r in reqs if start <= r.finish_s <= last) / (last - start)
+
+
 def summarize(out: SimOutcome, workload: str, rate: float) -> RunMetrics:
     reqs = out.requests
     done = [r for r in reqs if not math.isnan(r.finish_s)]
@@ -82,7 +97,8 @@ def summarize(out: SimOutcome, workload: str, rate: float) -> RunMetrics:
         attainment=sum(meets_slo(r) for r in reqs) / n,
         ttft_attainment=sum(t <= r.meta.ttft_slo_s for t, r in zip(ttfts, done, strict=True)) / n,
         tpot_attainment=sum(t <= r.meta.tpot_slo_s for t, r in zip(tpots, done, strict=True)) / n,
-        throughput_tok_s=sum(r.output_len for r in done) / span, served_rate=len(done) / span,
+        throughput_tok_s=sum(r.output_len for r in done) / span, served_rate=served_rate(reqs),
+        completion_rate=len(done) / span,
         mean_ttft_s=float(np.mean(ttfts)) if ttfts else math.nan, p90_ttft_s=_pct(ttfts, 90),
         mean_tpot_s=float(np.mean(tpots)) if tpots else math.nan, p90_tpot_s=_pct(tpots, 90),
         preemptions=out.preemptions, batches=len(sizes), mean_batch_size=float(np.mean(sizes)) if sizes else 0.0,
@@ -94,11 +110,20 @@ def summarize(out: SimOutcome, workload: str, rate: float) -> RunMetrics:
     )  # fmt: skip
 
 
+SUSTAINED = 0.85  # a rate counts for goodput only if served_rate >= SUSTAINED x rate
+
+
+def effective_attainment(m: RunMetrics) -> float:
+    """Attainment, or 0 when the run did not keep up with its offered rate (see served_rate)."""
+    kept_up = math.isnan(m.served_rate) or m.served_rate >= SUSTAINED * m.rate
+    return m.attainment if kept_up else 0.0
+
+
 def goodput(rates: list[float], attainments: list[float], target: float) -> float:
     """Highest rate with attainment >= target, interpolating linearly where the curve crosses.
 
     Scans rates upward; returns 0 when even the lowest rate misses the target and the highest
-    rate when none of them does.
+    rate when none of them does. Pass effective_attainment values to discount overload.
     """
     pairs = sorted(zip(rates, attainments, strict=True))
     if not pairs or pairs[0][1] < target:

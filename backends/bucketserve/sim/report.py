@@ -6,7 +6,7 @@ import csv
 from collections.abc import Sequence
 from pathlib import Path
 
-from bucketserve.sim.metrics import RunMetrics, goodput
+from bucketserve.sim.metrics import RunMetrics, effective_attainment, goodput
 
 GOODPUT_TARGETS = (0.8, 0.9, 0.99)
 # (field, header, format); every column right-aligned to max(header, value) width
@@ -35,7 +35,7 @@ def goodput_rows(rows: Sequence[RunMetrics]) -> list[dict]:
     out = []
     for key in dict.fromkeys((r.workload, r.policy) for r in rows):
         sel = [r for r in rows if (r.workload, r.policy) == key]
-        rates, att = [r.rate for r in sel], [r.attainment for r in sel]
+        rates, att = [r.rate for r in sel], [effective_attainment(r) for r in sel]
         row = {"workload": key[0], "policy": key[1], "num_gpus": sel[0].num_gpus}
         for t in GOODPUT_TARGETS:
             g = goodput(rates, att, t)

@@ -22,6 +22,7 @@ class Sweep:
     cluster: ClusterSpec
     latency: object
     sched_overrides: dict | None = None
+    duration_s: float | None = None  # if set, at least rate x duration_s requests per run
 
     def config_for(self) -> SchedulerConfig | None:
         if not self.sched_overrides:
@@ -31,7 +32,10 @@ class Sweep:
         return SchedulerConfig(**(base | self.sched_overrides))
 
     def run_one(self, policy: str, rate: float) -> RunMetrics:
-        spec = replace(self.workload, rate=rate)
+        n = self.workload.num_requests
+        if self.duration_s:
+            n = max(n, int(rate * self.duration_s))
+        spec = replace(self.workload, rate=rate, num_requests=n)
         sim = Simulator(
             policy,
             make_requests(spec),

@@ -38,6 +38,7 @@ class SimOutcome:
     num_gpus: int = 1
     snapshot: dict = field(default_factory=dict)
     max_buckets: int = 1
+    decision_buckets: list[int] = field(default_factory=list)
 
 
 class Simulator:
@@ -129,7 +130,9 @@ class Simulator:
         batch = self.sched.next_batch(view)
         dt = perf_counter() - t0
         self.out.decision_s.append(dt)
-        self.out.max_buckets = max(self.out.max_buckets, len(self.sched.buckets.buckets))
+        num_buckets = len(self.sched.buckets.buckets)
+        self.out.decision_buckets.append(num_buckets)
+        self.out.max_buckets = max(self.out.max_buckets, num_buckets)
         if batch is not None:
             self.out.batch_decision_s.append(dt)
             self.out.batches.append(batch)

@@ -3,12 +3,12 @@
 import asyncio
 import contextlib
 
-import pytest
-from client_fakes import FakeAioClient, FakeGrpcClient, FakeServer
-
 import bucketserve_client.aio as aio_module
 import bucketserve_client.client as client_module
+import pytest
 from bucketserve_client import AsyncClient, Client, GenerationError
+
+from tests.unit.client.client_fakes import FakeAioClient, FakeGrpcClient, FakeServer
 
 
 @pytest.fixture
@@ -56,9 +56,9 @@ def test_server_error_becomes_generation_error(server):
 
 def test_early_break_on_ensemble_sends_stop_with_same_id(server):
     server.finish = False
-    for chunk in Client(model="bucketserve").stream("hi"):
-        break
-    assert chunk.text == "t0 "
+    stream = Client(model="bucketserve").stream("hi")
+    assert next(stream).text == "t0 "
+    del stream  # dropping the generator closes it, as a `break` out of a for loop does
     (_, rid, _), (_, stop_rid, stop_values) = server.requests
     assert stop_rid == rid and stop_values["stop"][0]
     assert server.stops == [True, True] and server.closed == 1

@@ -2,14 +2,14 @@
 
 import io
 
-import pytest
-from client_fakes import FakeGrpcClient, FakeServer
-
 import bucketserve_client.client as client_module
+import pytest
 from bucketserve_client.chat import Conversation, chat_loop
 from bucketserve_client.cli import build_parser, main, params_from_args
 from bucketserve_client.client import Client
 from bucketserve_client.params import GenerationParams
+
+from tests.unit.client.client_fakes import FakeGrpcClient, FakeServer
 
 
 @pytest.fixture

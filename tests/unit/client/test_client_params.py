@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from client_fakes import input_values
-
 from bucketserve_client.params import GenerationParams, build_inputs, stop_inputs
+
+from tests.unit.client.client_fakes import input_values
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,6 @@
 """Parsing the server's responses into chunks and completions (no server)."""
 
 import pytest
-from client_fakes import generation, make_result
-from tritonclient.utils import InferenceServerException
-
 from bucketserve_client.response import (
     Collector,
     GenerationError,
@@ -11,6 +8,9 @@ from bucketserve_client.response import (
     is_final,
     parse_chunk,
 )
+from tritonclient.utils import InferenceServerException
+
+from tests.unit.client.client_fakes import generation, make_result
 
 
 def test_parse_chunk_reads_every_output():

@@ -9,7 +9,8 @@ import pytest
 import torch
 from bucketserve.kv.handoff import HandoffTable
 from bucketserve.kv.transport import PoolHandle, allocate_pool, open_pool, release_pool
-from kv_workers import ShmNames, pull_and_ack
+
+from tests.unit.kv.kv_workers import ShmNames, pull_and_ack
 
 NUM_BLOCKS = 16
 SHAPE = (2, 2, NUM_BLOCKS, 4, 2, 8)

@@ -8,7 +8,8 @@ import pytest
 from bucketserve.kv.handoff import HandoffTable
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from kv_workers import ShmNames
+
+from tests.unit.kv.kv_workers import ShmNames
 
 NUM_BLOCKS = 8
 TIMEOUT_S = 10.0

@@ -9,7 +9,8 @@ import time
 import pytest
 from bucketserve.kv import stats as stats_mod
 from bucketserve.kv.stats import InstanceStatsSnapshot, StatsBlock
-from kv_workers import ShmNames, read_stats
+
+from tests.unit.kv.kv_workers import ShmNames, read_stats
 
 
 @pytest.fixture

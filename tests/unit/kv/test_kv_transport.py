@@ -8,6 +8,7 @@ import types
 import pytest
 import torch
 from bucketserve.kv import shm
+from bucketserve.kv.cuda_ipc import CudaIpcInfo
 from bucketserve.kv.names import shm_name
 from bucketserve.kv.transport import (
     PoolHandle,
@@ -16,7 +17,8 @@ from bucketserve.kv.transport import (
     open_pool,
     release_pool,
 )
-from kv_workers import ShmNames
+
+from tests.unit.kv.kv_workers import ShmNames
 
 SHAPE = (2, 2, 6, 4, 3, 8)  # [layers, 2, num_blocks, block_size, kv_heads, head_dim]
 
@@ -147,3 +149,20 @@ def test_shm_name():
         shm_name("a/b", "prefill", 0, "kv")
     with pytest.raises(ValueError, match="index"):
         shm_name("abc", "prefill", -1, "kv")
+
+
+def _cuda_handle() -> PoolHandle:
+    ipc = CudaIpcInfo(0, "ab" * 64, 4 * 2**20, 0, "2f746f726368", 3, "cd" * 64, True)
+    return PoolHandle("cuda_ipc", "kvgpu", (1, 2, 4, 8), "float16", "cuda:0", 128, ipc=ipc)
+
+
+def test_cuda_ipc_handle_json_roundtrip():
+    handle = _cuda_handle()
+    again = PoolHandle.from_json(handle.to_json())
+    assert again == handle and isinstance(again.ipc, CudaIpcInfo) and again.ipc.event_sync_required
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on machines without CUDA")
+def test_opening_cuda_pool_without_cuda_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        open_pool(_cuda_handle())

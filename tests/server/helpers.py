@@ -1,0 +1,52 @@
+"""Small clients used by the server tests: HTTP generate, SSE streams, metric scraping."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import requests
+
+KV_RE = re.compile(r'^bucketserve_kv_blocks_(free|total)\{instance="(\w+)"\} (\S+)$', re.M)
+
+
+def generate(server, payload: dict, model: str = "bucketserve", timeout: float = 120) -> requests.Response:
+    return requests.post(f"http://{server.http_url}/v2/models/{model}/generate", json=payload, timeout=timeout)
+
+
+def stream_events(server, payload: dict, model: str = "bucketserve", timeout: float = 120) -> list[dict]:
+    """All SSE events of one generate_stream call, parsed."""
+    url = f"http://{server.http_url}/v2/models/{model}/generate_stream"
+    with requests.post(url, json={**payload, "stream": True}, timeout=timeout, stream=True) as r:
+        r.raise_for_status()
+        return [json.loads(line[len(b"data: "):]) for line in r.iter_lines() if line.startswith(b"data: ")]
+
+
+def kv_blocks(server) -> dict[str, tuple[int, int]]:
+    """{instance: (free, total)} from the Prometheus endpoint."""
+    found: dict[str, dict[str, int]] = {}
+    for kind, inst, value in KV_RE.findall(requests.get(server.metrics_url, timeout=10).text):
+        found.setdefault(inst, {})[kind] = int(float(value))
+    return {k: (v.get("free", -1), v.get("total", -2)) for k, v in found.items()}
+
+
+def wait_all_blocks_free(server, timeout_s: float) -> tuple[float, dict]:
+    """Poll until every instance reports free == total; returns (seconds waited, last reading)."""
+    start = time.monotonic()
+    while True:
+        blocks = kv_blocks(server)
+        if blocks and all(free == total for free, total in blocks.values()):
+            return time.monotonic() - start, blocks
+        if time.monotonic() - start > timeout_s:
+            return time.monotonic() - start, blocks
+        time.sleep(0.05)
+
+
+def metric_value(server, name: str) -> float:
+    """Sum of all samples of one metric."""
+    total = 0.0
+    for line in requests.get(server.metrics_url, timeout=10).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
