@@ -106,6 +106,7 @@ class RunSummary:
     sched_ms_per_request: float | None = None
     sched_share: float | None = None
     mean_prefill_batch: float | None = None
+    load_avg: float | None = None  # 1-min load average of the host during the run
 
 
 def summarize(label: str, rate: float, records: Sequence[RequestRecord]) -> RunSummary:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 
 import pytest
-
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.launcher import TritonServer
 

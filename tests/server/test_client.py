@@ -4,64 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
-import urllib.request
 
 import pytest
+import requests
 from bucketserve_client import AsyncClient, Client, GenerationError
 from bucketserve_client.cli import main
+
+from tests.server.helpers import wait_all_blocks_free
 
 pytestmark = pytest.mark.server
 QUESTION = "What is the capital of France?"
 LONG_PROMPT = "Write a very long story about a dragon who learns to cook."
 MODELS = ("bucketserve", "bucketserve_bls")
-SAMPLE_RE = re.compile(r"^(bucketserve_\w+)\{([^}]*)\}\s+(\S+)$")
 
 
-def scrape(url: str) -> dict[tuple[str, str], float]:
-    """(metric name, label text) -> value for every bucketserve_* sample on the metrics page."""
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        text = resp.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        m = SAMPLE_RE.match(line)
-        if m:
-            samples[(m.group(1), m.group(2))] = float(m.group(3))
-    return samples
-
-
-def kv_blocks(url: str) -> dict[str, tuple[float, float]]:
-    """label text -> (free, total) KV blocks of every engine instance."""
-    samples = scrape(url)
-    free = {
-        labels: v for (name, labels), v in samples.items() if name == "bucketserve_kv_blocks_free"
-    }
-    total = {
-        labels: v for (name, labels), v in samples.items() if name == "bucketserve_kv_blocks_total"
-    }
-    return {labels: (free[labels], total.get(labels, -1.0)) for labels in free}
-
-
-def wait_all_blocks_free(url: str, timeout_s: float = 5.0) -> dict[str, tuple[float, float]]:
-    """Poll until free == total on every instance; returns the last reading."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        blocks = kv_blocks(url)
-        if blocks and all(free == total for free, total in blocks.values()):
-            return blocks
-        if time.monotonic() > deadline:
-            return blocks
-        time.sleep(0.25)
-
-
-def cancelled_count(url: str) -> float:
-    samples = scrape(url)
+def cancelled_count(server) -> float:
+    """Requests that finished with finish_reason "cancelled", over all engine instances."""
+    lines = requests.get(server.metrics_url, timeout=10).text.splitlines()
     return sum(
-        v
-        for (name, labels), v in samples.items()
-        if name == "bucketserve_requests_total" and 'finish_reason="cancelled"' in labels
+        float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith("bucketserve_requests_total{") and 'finish_reason="cancelled"' in line
     )
+
+
+def assert_all_blocks_free(server) -> None:
+    """Every instance's bucketserve_kv_blocks_free equals its total within 5 s."""
+    waited, blocks = wait_all_blocks_free(server, timeout_s=5.0)
+    assert blocks, "no bucketserve_kv_blocks_* samples on the metrics page"
+    assert all(free == total for free, total in blocks.values()), (waited, blocks)
 
 
 def test_cli_generate_answers_paris(server, capsys):
@@ -108,7 +80,7 @@ def test_async_client_eight_concurrent_streams(server):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_early_break_cancels_and_frees_kv(server, model):
-    before = cancelled_count(server.metrics_url)
+    before = cancelled_count(server)
     client = Client(server.grpc_url, model)
     stream = client.stream(
         LONG_PROMPT, max_tokens=512, min_tokens=512, temperature=0.0, apply_chat_template=True
@@ -119,10 +91,8 @@ def test_early_break_cancels_and_frees_kv(server, model):
     start = time.monotonic()
     stream.close()
     assert time.monotonic() - start < 10.0
-    blocks = wait_all_blocks_free(server.metrics_url)
-    assert blocks, "no bucketserve_kv_blocks_free samples on the metrics page"
-    assert all(free == total for free, total in blocks.values()), blocks
-    assert cancelled_count(server.metrics_url) > before
+    assert_all_blocks_free(server)
+    assert cancelled_count(server) > before
 
 
 def test_async_early_exit_on_the_ensemble(server):
@@ -134,8 +104,7 @@ def test_async_early_exit_on_the_ensemble(server):
                     break
 
     asyncio.run(run())
-    blocks = wait_all_blocks_free(server.metrics_url)
-    assert blocks and all(free == total for free, total in blocks.values()), blocks
+    assert_all_blocks_free(server)
 
 
 def test_server_error_names_the_field(server):

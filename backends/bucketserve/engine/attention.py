@@ -78,7 +78,12 @@ class SdpaBackend:
         num_blocks, per_block = k_cache.shape[0], k_cache[0].numel()
         numel = 2 * block_ids.numel() * per_block
         ws = self._workspace
-        if ws is None or ws.numel() < numel or ws.dtype != k_cache.dtype or ws.device != k_cache.device:
+        if (
+            ws is None
+            or ws.numel() < numel
+            or ws.dtype != k_cache.dtype
+            or ws.device != k_cache.device
+        ):
             ws = self._workspace = torch.empty(numel, dtype=k_cache.dtype, device=k_cache.device)
         buf = ws[:numel].view(2, block_ids.numel(), per_block)
         torch.index_select(k_cache.view(num_blocks, per_block), 0, block_ids, out=buf[0])

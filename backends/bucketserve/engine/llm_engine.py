@@ -72,7 +72,9 @@ class LLMEngine:
 
     def _decode_step(self, waiting: deque[Sequence], running: list[Sequence]) -> None:
         bm = self.block_manager
-        while running and not all(bm.can_ensure_slot(s) for s in running):
+        while running and not bm.can_allocate(
+            sum(bm.blocks_to_grow(s, s.num_tokens) for s in running)
+        ):
             self._preempt(running.pop(), waiting)  # newest first: recompute it later
         for seq in running:
             bm.ensure_slot(seq)

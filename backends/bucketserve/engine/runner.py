@@ -31,14 +31,14 @@ class ModelRunner:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.tokenizer_dir = loader.resolve_model(config.model)
+        is_dummy = loader.is_dummy(config.model)
+        self._model_dir = None if is_dummy else loader.resolve_model(config.model)
         self.model_config = self._load_model_config()
         self.attention_backend = resolve_backend_name(config.attention, self.device)
         self.block_size = self._block_size()
         self._backend = make_backend(self.attention_backend)
-        is_dummy = loader.is_dummy(config.model)
         self.model = loader.build_model(
-            self.model_config, None if is_dummy else self.tokenizer_dir, self.device,
+            self.model_config, self._model_dir, self.device,
             self.dtype, self.model_config.max_model_len, config.seed,
         )  # fmt: skip
         self.linear_impl = self._optimize() if config.optimize_weights else "torch"
@@ -51,6 +51,11 @@ class ModelRunner:
         )  # pool: [L, 2, num_blocks, block_size, KVH, hd]
         self.sampler = Sampler(self.device, config.seed)
         self.stats = StepStats()
+
+    @property
+    def tokenizer_dir(self) -> str:
+        """Directory with the tokenizer (SmolLM2's for dummy shapes, resolved on first use)."""
+        return self._model_dir or loader.resolve_model(self.config.model)
 
     def _load_model_config(self) -> ModelConfig:
         dtype_name = str(resolve_dtype(self.config.dtype, self.device)).removeprefix("torch.")

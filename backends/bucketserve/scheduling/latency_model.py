@@ -45,7 +45,7 @@ class BilinearLatencyModel:
         tokens_per_s: float,
         overhead_s: float,
         forget: float = 0.98,
-        prior_weight: float = 0.05,
+        prior_weight: float = 1e-3,
     ) -> None:
         if tokens_per_s <= 0 or not 0 < forget <= 1:
             raise ValueError("tokens_per_s must be > 0 and forget in (0, 1]")

@@ -63,7 +63,13 @@ def test_requests_never_promoted_only_boundaries_move():
     rebalance(mgr, n_max=4)
     for b in mgr.buckets:
         assert all(b.low <= m.prompt_len < b.high for m in b.requests.values())
-    assert [m.request_id for m in mgr.buckets[0].requests.values()] == ["r0", "r1", "r2", "r3", "r4"]
+    assert [m.request_id for m in mgr.buckets[0].requests.values()] == [
+        "r0",
+        "r1",
+        "r2",
+        "r3",
+        "r4",
+    ]
 
 
 def test_recursive_split_terminates():

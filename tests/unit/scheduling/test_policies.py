@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from bucketserve.scheduling import POLICIES, ClusterView, SchedulerConfig, make_scheduler
 
 from .conftest import req, stats, view
@@ -12,7 +11,9 @@ CFG = SchedulerConfig(max_model_len=4096, block_size=16)
 
 
 def make(policy: str, clock, **kw):
-    return make_scheduler(policy, SchedulerConfig(**({"max_model_len": 4096, "block_size": 16} | kw)), clock)
+    return make_scheduler(
+        policy, SchedulerConfig(**({"max_model_len": 4096, "block_size": 16} | kw)), clock
+    )
 
 
 def test_unknown_policy_names_valid_ones(clock):
@@ -46,9 +47,10 @@ def test_admission_bounded_by_decode_free_blocks(policy, clock):
     s = make_scheduler(policy, CFG, clock)
     for i in range(4):
         s.add(req(f"r{i}", 100, t=0.0))
-    # static reserves prompt + max_tokens (16): 8 blocks per request; others 7 (100 + 1 token)
-    assert s.next_batch(view(d_free=5, total=1000)) is None
-    batch = s.next_batch(view(d_free=16, total=1000))
+    # static reserves prompt + max_tokens (16): 8 blocks per request; others 7 (100 + 1 token);
+    # the 1 % watermark keeps 1 of the 100 blocks
+    assert s.next_batch(view(d_free=5, total=100)) is None
+    batch = s.next_batch(view(d_free=16, total=100))
     assert batch is not None and batch.size <= 2
     assert sum(-(-(r.prompt_len + 1) // 16) for r in batch.requests) <= 16
 
@@ -66,11 +68,11 @@ def test_pending_handoffs_count_against_decode(clock):
     s = make("fcfs", clock)
     for i in range(3):
         s.add(req(f"r{i}", 100))
-    first = s.next_batch(view(d_free=20, total=1000))
-    assert first.size == 2  # 2 x 7 blocks of 20
+    first = s.next_batch(view(d_free=20, total=100))
+    assert first.size == 2  # 2 x 7 blocks of 19 (20 less the watermark)
     s.add(req("r9", 100))
     # the decode instance has not allocated the first batch yet (2 pending, 20 still free)
-    assert s.next_batch(view(d_free=20, total=1000, d_pending=2)) is None
+    assert s.next_batch(view(d_free=20, total=100, d_pending=2)) is None
 
 
 def test_fcfs_token_budget_and_order(clock):
@@ -106,14 +108,16 @@ def test_aggregated_instance_keeps_its_batch(clock):
 
 def test_bucketserve_serves_bucket_of_oldest_online_request(clock):
     s = make("bucketserve", clock)
-    s.next_batch(view(d_free=1))  # primes N_max from (almost no) free memory
     s.add(req("long", 3000, t=0.0))
     s.add(req("off", 50, t=0.5, slo_class="offline"))
     for i in range(6):
         s.add(req(f"s{i}", 50 + i, t=1.0 + i))
-    assert len(s.buckets.buckets) > 1  # Algorithm 1 split the left-heavy queue
-    assert s.next_batch(view()).request_ids == ["long"]
-    b = s.next_batch(view())
+    # 220 free decode blocks: Eq. 6 capacity 0.9 x 220 x 16 = 3,168 tokens; mean length ~420
+    # -> N_max = 7 < 8 queued, 7/8 below 2048: Algorithm 1 splits [0, 4096) once
+    small = view(d_free=220, total=1000)
+    assert s.next_batch(small).request_ids == ["long"]  # its bucket holds the oldest request
+    assert s.buckets.boundaries() == [(0, 2048), (2048, 4096)]
+    b = s.next_batch(small)
     assert b.request_ids[:6] == [f"s{i}" for i in range(6)] and b.request_ids[-1] == "off"
 
 
@@ -137,12 +141,12 @@ def test_plus_reserves_expected_output(clock):
     s = make("bucketserve+", clock, expected_output_tokens=16)
     for i in range(3):
         s.add(req(f"r{i}", 100, max_tokens=512))
-    # 100 + 16 expected -> 8 blocks each; 16 free blocks -> 2 fit
-    assert s.next_batch(view(d_free=16, total=1000)).size == 2
+    # 100 + 16 expected -> 8 blocks each; 17 free - 1 watermark = 16 -> 2 fit
+    assert s.next_batch(view(d_free=17, total=100)).size == 2
     for _ in range(200):
         s.on_request_finished("x", 400)  # learned: outputs are long now
     s.add(req("r9", 100, max_tokens=512))
-    assert s.next_batch(view(d_free=20, total=1000)) is None  # needs ~32 blocks each now
+    assert s.next_batch(view(d_free=20, total=100)) is None  # needs ~32 blocks each now
 
 
 def test_plus_prefers_feasible_deadlines(clock):
@@ -160,6 +164,7 @@ def test_ledger_released_and_expired(clock):
     s.add(req("a", 100))
     b = s.next_batch(view(total=1000))
     assert len(s.ledger) == 1
+    s.on_batch_done(b, 0.05)
     s.on_request_finished("a", 5)
     assert len(s.ledger) == 0
     s.add(req("b", 100))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from bucketserve.scheduling import InstanceStats, RequestMeta, SchedulerConfig
 from bucketserve.scheduling.batch import PrefillBatch
 

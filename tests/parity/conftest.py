@@ -1,0 +1,66 @@
+"""Session fixtures: the SmolLM2 model, prompts, and transformers' reference generations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from bucketserve.engine.loader import resolve_model
+from bucketserve.engine.sampling_params import SamplingParams
+
+from tests.parity.prompts import Prompt, build_prompts
+
+MAX_NEW_TOKENS = 64
+NUM_LOGIT_STEPS = 4  # HF logits kept per prompt (prefill + 3 decode steps)
+EOS_TOKEN_ID = 2
+
+
+@dataclass(frozen=True)
+class Reference:
+    """transformers' greedy output and first-step logits for one prompt."""
+
+    prompt: Prompt
+    tokens: list[int]
+    logits: torch.Tensor  # [min(NUM_LOGIT_STEPS, len(tokens)), V] float32
+
+    @property
+    def params(self) -> SamplingParams:
+        """The engine's equivalent of the reference's generation settings."""
+        return SamplingParams(temperature=0, max_tokens=MAX_NEW_TOKENS,
+                              ignore_eos=not self.prompt.stops_at_eos)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> str:
+    """The converted SmolLM2 checkpoint directory."""
+    return resolve_model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def references(model_dir) -> list[Reference]:
+    """HF greedy generations, computed once per session (one prompt at a time, no padding)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # set per call: raw prompts ignore EOS
+    refs = []
+    for prompt in build_prompts(tokenizer):
+        ids = torch.tensor([prompt.token_ids])
+        config = GenerationConfig(
+            max_new_tokens=MAX_NEW_TOKENS, do_sample=False, pad_token_id=EOS_TOKEN_ID,
+            eos_token_id=EOS_TOKEN_ID if prompt.stops_at_eos else None,
+        )  # fmt: skip
+        with torch.inference_mode():
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                              return_dict_in_generate=True, output_logits=True)  # fmt: skip
+        tokens = out.sequences[0, ids.shape[1] :].tolist()
+        logits = torch.cat(out.logits[:NUM_LOGIT_STEPS]).float()
+        refs.append(Reference(prompt, tokens, logits))
+    return refs
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative logit error: max|a - b| / max|b| over one row."""
+    return float((a - b).abs().max() / b.abs().max())

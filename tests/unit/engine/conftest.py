@@ -1,0 +1,15 @@
+"""Fixtures for engine unit tests."""
+
+from __future__ import annotations
+
+import pytest
+from bucketserve.engine.config import EngineConfig
+from bucketserve.engine.runner import ModelRunner
+
+
+@pytest.fixture
+def tiny_runner():
+    """A dummy:tiny runner (2 layers, hidden 64) with a small pool of 4-token blocks."""
+    runner = ModelRunner(EngineConfig(model="dummy:tiny", device="cpu", num_blocks=96, block_size=4))
+    yield runner
+    runner.close()

@@ -1,0 +1,53 @@
+"""Shared helpers for engine unit tests: tiny HF checkpoints and runner setup."""
+
+from __future__ import annotations
+
+import torch
+from bucketserve.engine.block_manager import BlockManager
+from bucketserve.engine.sequence import Sequence
+from transformers import AutoConfig, AutoModelForCausalLM
+
+TINY = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=300, max_position_embeddings=256, eos_token_id=2,
+    rms_norm_eps=1e-5,
+)  # fmt: skip
+
+ARCHS = {
+    "llama": dict(model_type="llama", rope_theta=10000.0),
+    "llama3": dict(
+        model_type="llama", rope_theta=500000.0, tie_word_embeddings=True,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=64),
+    ),  # fmt: skip
+    "mistral": dict(model_type="mistral", sliding_window=None),
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
+    "qwen3": dict(model_type="qwen3", head_dim=32),
+}
+
+
+def make_hf_checkpoint(arch: str, path) -> torch.nn.Module:
+    """Save a random tiny HF model of `arch` to `path`; returns the HF model (float32, eval)."""
+    fields = dict(TINY, **ARCHS[arch])
+    config = AutoConfig.for_model(**fields)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    with torch.no_grad():  # random norms and biases exercise the weight mapping
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(path)
+    return model.eval()
+
+
+def prefill_seqs(runner, bm: BlockManager, prompts: list[list[int]]) -> list[Sequence]:
+    """Sequences with blocks allocated for their prompts."""
+    seqs = [Sequence(p) for p in prompts]
+    for s in seqs:
+        bm.allocate_for(s)
+    return seqs
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max|a - b| / max|b|."""
+    return float((a - b).abs().max() / b.abs().max())
