@@ -55,32 +55,63 @@ def read_pa_csv(path: Path) -> dict | None:
     return dict(zip(lines[0].split(","), lines[1].split(","), strict=False))
 
 
-def run_fixed_load(srv, reqs: list[BenchRequest], concurrency: int, requests: int,
-                   out: Path, drain_s: float = 300.0) -> FixedLoadResult:
+def run_fixed_load(
+    srv,
+    reqs: list[BenchRequest],
+    concurrency: int,
+    requests: int,
+    out: Path,
+    drain_s: float = 300.0,
+) -> FixedLoadResult:
     """Loadgen first, then perf_analyzer, each `requests` requests at `concurrency`."""
     reqs = reqs[:requests]
     cfg = LoadConfig(url=srv.grpc_url, duration_s=3600.0, max_requests=requests, drain_s=drain_s)
     records = asyncio.run(run_closed_loop(reqs, concurrency, cfg))
     write_jsonl(records, out / "requests" / f"fixed_loadgen_c{concurrency}.jsonl")
     ours = summarize("loadgen", 0.0, records)
-    print(f"[fixed load] loadgen c={concurrency}: {ours.served_rate:.3f} req/s, "
-          f"TTFT mean {ours.ttft_mean}", flush=True)
+    print(
+        f"[fixed load] loadgen c={concurrency}: {ours.served_rate:.3f} req/s, "
+        f"TTFT mean {ours.ttft_mean}",
+        flush=True,
+    )
     try:
-        pa_records = perf_analyzer.run(srv.grpc_url, "bucketserve", reqs, concurrency, requests,
-                                       out / "perf_analyzer", timeout_s=drain_s + 300)
+        pa_records = perf_analyzer.run(
+            srv.grpc_url,
+            "bucketserve",
+            reqs,
+            concurrency,
+            requests,
+            out / "perf_analyzer",
+            timeout_s=drain_s + 300,
+        )
     except Exception as e:  # reported, the rest of the benchmark still stands
         print(f"[fixed load] perf_analyzer failed: {e}", flush=True)
-        return FixedLoadResult(concurrency, requests, ours, None, str(e)[-1500:],
-                               ours_ttft=_ok(records, "ttft_s"), ours_e2e=_ok(records, "e2e_s"))
+        return FixedLoadResult(
+            concurrency,
+            requests,
+            ours,
+            None,
+            str(e)[-1500:],
+            ours_ttft=_ok(records, "ttft_s"),
+            ours_e2e=_ok(records, "e2e_s"),
+        )
     write_jsonl(pa_records, out / "requests" / f"fixed_perf_analyzer_c{concurrency}.jsonl")
     pa = summarize("perf_analyzer", 0.0, pa_records)
-    print(f"[fixed load] perf_analyzer c={concurrency}: {pa.served_rate:.3f} req/s, "
-          f"TTFT mean {pa.ttft_mean}", flush=True)
+    print(
+        f"[fixed load] perf_analyzer c={concurrency}: {pa.served_rate:.3f} req/s, "
+        f"TTFT mean {pa.ttft_mean}",
+        flush=True,
+    )
     return FixedLoadResult(
-        concurrency, requests, ours, pa,
+        concurrency,
+        requests,
+        ours,
+        pa,
         pa_reported=read_pa_csv(out / "perf_analyzer" / "pa_summary.csv"),
-        ours_ttft=_ok(records, "ttft_s"), pa_ttft=_ok(pa_records, "ttft_s"),
-        ours_e2e=_ok(records, "e2e_s"), pa_e2e=_ok(pa_records, "e2e_s"),
+        ours_ttft=_ok(records, "ttft_s"),
+        pa_ttft=_ok(pa_records, "ttft_s"),
+        ours_e2e=_ok(records, "e2e_s"),
+        pa_e2e=_ok(pa_records, "e2e_s"),
     )
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
-
 from records import RequestRecord
 from workloads import BenchRequest
 
@@ -41,7 +40,9 @@ class LoadConfig:
 def _tensor(name: str, dtype: str, value) -> grpcclient.InferInput:
     arr = np.array([value], dtype=object if dtype == "BYTES" else None)
     if dtype != "BYTES":
-        arr = arr.astype({"INT32": np.int32, "FP32": np.float32, "BOOL": np.bool_, "UINT64": np.uint64}[dtype])
+        arr = arr.astype(
+            {"INT32": np.int32, "FP32": np.float32, "BOOL": np.bool_, "UINT64": np.uint64}[dtype]
+        )
     t = grpcclient.InferInput(name, [1], dtype)
     t.set_data_from_numpy(arr)
     return t
@@ -67,8 +68,15 @@ def make_inputs(req: BenchRequest, cfg: LoadConfig) -> list[grpcclient.InferInpu
 
 def new_record(req: BenchRequest, rate: float) -> RequestRecord:
     return RequestRecord(
-        req.idx, req.source, rate, 0.0, req.input_tokens, req.output_tokens,
-        req.ttft_slo_s, req.tpot_slo_s, error="not finished",
+        req.idx,
+        req.source,
+        rate,
+        0.0,
+        req.input_tokens,
+        req.output_tokens,
+        req.ttft_slo_s,
+        req.tpot_slo_s,
+        error="not finished",
     )
 
 
@@ -82,13 +90,17 @@ def _is_final(result) -> bool:
     return "triton_final_response" in params and params["triton_final_response"].bool_param
 
 
-async def stream_one(client, req: BenchRequest, cfg: LoadConfig, rec: RequestRecord, t0: float) -> None:
+async def stream_one(
+    client, req: BenchRequest, cfg: LoadConfig, rec: RequestRecord, t0: float
+) -> None:
     """Send one request on its own stream and fill `rec` until the FINAL response."""
     inputs = make_inputs(req, cfg)
 
     async def one():
         yield {
-            "model_name": cfg.model, "inputs": inputs, "request_id": f"bench-{req.idx}",
+            "model_name": cfg.model,
+            "inputs": inputs,
+            "request_id": f"bench-{req.idx}",
             "parameters": {"triton_enable_empty_final_response": True},
         }
 
@@ -149,7 +161,9 @@ async def run_open_loop(
     return records
 
 
-async def run_closed_loop(reqs: list[BenchRequest], concurrency: int, cfg: LoadConfig) -> list[RequestRecord]:
+async def run_closed_loop(
+    reqs: list[BenchRequest], concurrency: int, cfg: LoadConfig
+) -> list[RequestRecord]:
     """`concurrency` workers each send the next request (cycling reqs) as soon as one ends."""
     records: list[RequestRecord] = []
     async with aioclient.InferenceServerClient(cfg.url) as client:
@@ -177,8 +191,15 @@ async def run_closed_loop(reqs: list[BenchRequest], concurrency: int, cfg: LoadC
 
 def warm_up(reqs: list[BenchRequest], cfg: LoadConfig, n: int = 4, concurrency: int = 2) -> None:
     """Untimed: a few requests so lazy initialisation is not measured."""
-    wcfg = LoadConfig(cfg.url, cfg.model, duration_s=600.0, max_requests=n, drain_s=cfg.drain_s,
-                      temperature=cfg.temperature, seed=cfg.seed)
+    wcfg = LoadConfig(
+        cfg.url,
+        cfg.model,
+        duration_s=600.0,
+        max_requests=n,
+        drain_s=cfg.drain_s,
+        temperature=cfg.temperature,
+        seed=cfg.seed,
+    )
     records = asyncio.run(run_closed_loop(reqs, concurrency, wcfg))
     failed = [r.error for r in records if not r.ok]
     if failed:

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 from records import RequestRecord
 
 GOODPUT_TARGETS = (0.8, 0.9, 0.99)
@@ -121,13 +120,27 @@ def summarize(label: str, rate: float, records: Sequence[RequestRecord]) -> RunS
     e2e = [r.e2e_s for r in done]
     n = max(1, len(records))
     return RunSummary(
-        label, rate, len(records), len(done), len(records) - len(done),
-        max((r.t_send_s for r in records), default=0.0) - t0, makespan,
-        len(done) / makespan, sum(r.output_tokens for r in done) / makespan,
+        label,
+        rate,
+        len(records),
+        len(done),
+        len(records) - len(done),
+        max((r.t_send_s for r in records), default=0.0) - t0,
+        makespan,
+        len(done) / makespan,
+        sum(r.output_tokens for r in done) / makespan,
         attainment(records),
         sum(r.ok and r.ttft_s <= r.ttft_slo_s for r in records) / n,
         sum(r.ok and (r.tpot_s is None or r.tpot_s <= r.tpot_slo_s) for r in records) / n,
-        mean(ttft), percentile(ttft, 50), percentile(ttft, 90), percentile(ttft, 99),
-        mean(tpot), percentile(tpot, 50), percentile(tpot, 90),
-        percentile(itl, 50), percentile(itl, 99), percentile(e2e, 50), percentile(e2e, 99),
+        mean(ttft),
+        percentile(ttft, 50),
+        percentile(ttft, 90),
+        percentile(ttft, 99),
+        mean(tpot),
+        percentile(tpot, 50),
+        percentile(tpot, 90),
+        percentile(itl, 50),
+        percentile(itl, 99),
+        percentile(e2e, 50),
+        percentile(e2e, 99),
     )

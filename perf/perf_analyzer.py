@@ -68,17 +68,41 @@ def input_data(reqs: list[BenchRequest], temperature: float = 0.0, seed: int = 0
     }
 
 
-def command(url: str, model: str, data: Path, concurrency: int, requests: int, out: Path) -> list[str]:
+def command(
+    url: str, model: str, data: Path, concurrency: int, requests: int, out: Path
+) -> list[str]:
     return [
-        pa_binary(), "-m", model, "-i", "grpc", "-u", url, "--streaming",
-        "--input-data", str(data), "--concurrency-range", str(concurrency),
-        "--request-count", str(requests), "--profile-export-file", str(out / "pa_profile.json"),
-        "-f", str(out / "pa_summary.csv"), "--verbose-csv",
+        pa_binary(),
+        "-m",
+        model,
+        "-i",
+        "grpc",
+        "-u",
+        url,
+        "--streaming",
+        "--input-data",
+        str(data),
+        "--concurrency-range",
+        str(concurrency),
+        "--request-count",
+        str(requests),
+        "--profile-export-file",
+        str(out / "pa_profile.json"),
+        "-f",
+        str(out / "pa_summary.csv"),
+        "--verbose-csv",
     ]
 
 
-def run(url: str, model: str, reqs: list[BenchRequest], concurrency: int, requests: int,
-        out: Path, timeout_s: float = 600.0) -> list[RequestRecord]:
+def run(
+    url: str,
+    model: str,
+    reqs: list[BenchRequest],
+    concurrency: int,
+    requests: int,
+    out: Path,
+    timeout_s: float = 600.0,
+) -> list[RequestRecord]:
     """Run perf_analyzer once; its stdout goes to out/pa_stdout.txt; records from its export."""
     out.mkdir(parents=True, exist_ok=True)
     data = out / "pa_input.json"
@@ -88,7 +112,9 @@ def run(url: str, model: str, reqs: list[BenchRequest], concurrency: int, reques
     proc = subprocess.run(cmd, env=pa_env(), capture_output=True, text=True, timeout=timeout_s)
     (out / "pa_stdout.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        raise RuntimeError(f"perf_analyzer exited {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}")
+        raise RuntimeError(
+            f"perf_analyzer exited {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}"
+        )
     return parse_export(out / "pa_profile.json", reqs)
 
 
@@ -108,8 +134,16 @@ def parse_export(path: Path, reqs: list[BenchRequest]) -> list[RequestRecord]:
     records = []
     for i, item in enumerate(sorted(items, key=lambda r: r["timestamp"])):
         req = reqs[i % len(reqs)]
-        rec = RequestRecord(i, req.source, 0.0, (item["timestamp"] - t0) / 1e9, req.input_tokens,
-                            req.output_tokens, req.ttft_slo_s, req.tpot_slo_s)
+        rec = RequestRecord(
+            i,
+            req.source,
+            0.0,
+            (item["timestamp"] - t0) / 1e9,
+            req.input_tokens,
+            req.output_tokens,
+            req.ttft_slo_s,
+            req.tpot_slo_s,
+        )
         stamps = [(t - item["timestamp"]) / 1e9 for t in item.get("response_timestamps", [])]
         counts = _num_output_tokens(item.get("response_outputs", []))
         for k, t in enumerate(stamps):
@@ -139,7 +173,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("perf/results/tmp/pa"))
     a = p.parse_args()
-    reqs = build_requests(workload(a.workload), a.requests, a.seed, TextSource.build(load_tokenizer()))
+    reqs = build_requests(
+        workload(a.workload), a.requests, a.seed, TextSource.build(load_tokenizer())
+    )
     records = run(a.url, a.model, reqs, a.concurrency, a.requests, a.out)
     from metrics import summarize
 

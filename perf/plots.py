@@ -24,8 +24,12 @@ def attainment_plot(results: list[SweepResult], path: Path) -> None:
         ax.plot(x, [v * 100 for v in y], marker="o", label=res.target.label)
     for t in GOODPUT_TARGETS:
         ax.axhline(t * 100, color="grey", lw=0.6, ls="--")
-    ax.set(xlabel="offered rate (req/s)", ylabel="SLO attainment (%)", ylim=(-2, 102),
-           title="SLO attainment (TTFT and TPOT met)")
+    ax.set(
+        xlabel="offered rate (req/s)",
+        ylabel="SLO attainment (%)",
+        ylim=(-2, 102),
+        title="SLO attainment (TTFT and TPOT met)",
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

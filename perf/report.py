@@ -92,18 +92,37 @@ def slo_scale_table(results: list[SweepResult]) -> list[str]:
     return lines
 
 
-def write_report(path: Path, ctx: dict, results: list[SweepResult], fixed: FixedLoadResult | None,
-                 plots: list[str], ablation_notes: list[str]) -> None:
+def write_report(
+    path: Path,
+    ctx: dict,
+    results: list[SweepResult],
+    fixed: FixedLoadResult | None,
+    plots: list[str],
+    ablation_notes: list[str],
+) -> None:
     rows = goodput_rows(results)
     write_goodput_csv(rows, path.parent / "goodput.csv")
     lines = header_section(ctx, results)
     lines += ["## Results per rate", "", *results_table(results), ""]
-    lines += ["## Goodput", "", "Highest offered rate whose SLO attainment is at least the target, "
-              "linearly interpolated towards the next (failing) rate; `>=` means every measured "
-              "rate attained it, `< lowest rate` means none did.", "", *goodput_table(rows), ""]
-    lines += ["## SLO scale", "", "Attainment with both SLOs multiplied by the scale "
-              "(DistServe's SLO-scale view), at the highest rate of the sweep.", "",
-              *slo_scale_table(results), ""]
+    lines += [
+        "## Goodput",
+        "",
+        "Highest offered rate whose SLO attainment is at least the target, "
+        "linearly interpolated towards the next (failing) rate; `>=` means every measured "
+        "rate attained it, `< lowest rate` means none did.",
+        "",
+        *goodput_table(rows),
+        "",
+    ]
+    lines += [
+        "## SLO scale",
+        "",
+        "Attainment with both SLOs multiplied by the scale "
+        "(DistServe's SLO-scale view), at the highest rate of the sweep.",
+        "",
+        *slo_scale_table(results),
+        "",
+    ]
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     lines += ["## Ablations", "", *ablation_notes, ""]
     lines += fixed_load_section(fixed, TOLERANCE)

@@ -19,10 +19,13 @@ PA_LATENCY_NOTE = (
 def header_section(ctx: dict, results: list[SweepResult]) -> list[str]:
     starts = ", ".join(f"{r.target.label} {r.start_s:.0f} s" for r in results)
     return [
-        f"# BucketServe policy comparison — {ctx['date']} on {ctx['machine']}", "",
+        f"# BucketServe policy comparison — {ctx['date']} on {ctx['machine']}",
+        "",
         f"Server build: git `{ctx['commit']}`; model {ctx['model']} on CPU; every target below is "
-        f"a fresh server start of this same build. Command: `{ctx['command']}`.", "",
-        "## Setup", "",
+        f"a fresh server start of this same build. Command: `{ctx['command']}`.",
+        "",
+        "## Setup",
+        "",
         f"* **Workload** `{ctx['workload']}` (profile `{ctx['profile']}`, seed {ctx['seed']}, "
         f"{ctx['num_requests']} requests generated; the same list, in the same order, for every "
         "target and rate):",
@@ -31,7 +34,9 @@ def header_section(ctx: dict, results: list[SweepResult]) -> list[str]:
         f"* **Prompts**: {ctx['corpus']}",
         "* **SLOs** per request source (a request attains its SLO when TTFT <= TTFT SLO and "
         "TPOT <= TPOT SLO; failed or unfinished requests count as misses): "
-        + "; ".join(ctx["slo_lines"]) + ". " + ctx["slo_basis"],
+        + "; ".join(ctx["slo_lines"])
+        + ". "
+        + ctx["slo_basis"],
         f"* **Arrival process**: {ctx['arrival']}; one seeded unit-rate sequence of send times "
         "divided by each rate.",
         f"* **Rates** (req/s): {', '.join(f'{r:g}' for r in ctx['rates'])}; each rate sends for "
@@ -42,7 +47,8 @@ def header_section(ctx: dict, results: list[SweepResult]) -> list[str]:
         "ensemble model `bucketserve`; TTFT = send to first token, TPOT = (last token - first "
         "token) / (tokens - 1), ITL = gaps between token-bearing responses spread over their tokens.",
         f"* **Server start times**: {starts}. Total wall time {ctx['wall_s']:.0f} s.",
-        f"* **Host**: {ctx['host_note']}", "",
+        f"* **Host**: {ctx['host_note']}",
+        "",
     ]
 
 
@@ -65,22 +71,33 @@ def fixed_load_section(fx: FixedLoadResult | None, tol: float) -> list[str]:
     lines = ["## Our load generator vs perf_analyzer at the same fixed load", ""]
     if fx is None:
         return lines + ["Not run (--skip-fixed-load).", ""]
-    lines.append(f"Closed loop, concurrency {fx.concurrency}, the same {fx.requests} requests in the "
-                 "same order, back to back on the same server (loadgen first).")
+    lines.append(
+        f"Closed loop, concurrency {fx.concurrency}, the same {fx.requests} requests in the "
+        "same order, back to back on the same server (loadgen first)."
+    )
     if fx.pa is None:
         return lines + ["", f"perf_analyzer did not complete: `{fx.pa_error}`", ""]
     lines += ["", "| metric | loadgen | perf_analyzer | difference |", "|---|---|---|---|"]
     diffs = fx.differences()
-    for name, label in (("served_rate", "throughput (req/s)"), ("output_tok_s", "output tokens/s"),
-                        ("ttft_mean", "TTFT mean (s)"), ("ttft_p50", "TTFT p50 (s)"),
-                        ("tpot_mean", "TPOT mean (s)"), ("e2e_p50", "end-to-end p50 (s)")):
+    for name, label in (
+        ("served_rate", "throughput (req/s)"),
+        ("output_tok_s", "output tokens/s"),
+        ("ttft_mean", "TTFT mean (s)"),
+        ("ttft_p50", "TTFT p50 (s)"),
+        ("tpot_mean", "TPOT mean (s)"),
+        ("e2e_p50", "end-to-end p50 (s)"),
+    ):
         a, b = getattr(fx.ours, name), getattr(fx.pa, name)
         d = f"{diffs[name]:+.1%}" if name in diffs else "-"
-        lines.append(f"| {label} | {a:.4g} | {b:.4g} | {d} |" if a and b else f"| {label} | {a} | {b} | - |")
+        lines.append(
+            f"| {label} | {a:.4g} | {b:.4g} | {d} |" if a and b else f"| {label} | {a} | {b} | - |"
+        )
     rep = fx.pa_reported or {}
     if rep:
-        lines.append(f"| perf_analyzer's own report | | {rep.get('Inferences/Second')} infer/s, "
-                     f"avg latency {float(rep.get('Avg latency', 'nan')) / 1e6:.3f} s | |")
+        lines.append(
+            f"| perf_analyzer's own report | | {rep.get('Inferences/Second')} infer/s, "
+            f"avg latency {float(rep.get('Avg latency', 'nan')) / 1e6:.3f} s | |"
+        )
     lines += ["", PA_LATENCY_NOTE, "", *_explain(fx, diffs, tol), ""]
     return lines
 
@@ -91,7 +108,9 @@ def _explain(fx: FixedLoadResult, diffs: dict[str, float], tol: float) -> list[s
         return [f"Throughput and mean TTFT agree within {tol:.0%}."]
     out = [f"Differences above {tol:.0%}:"]
     if "ttft_mean" in big:
-        out.append(f"* mean TTFT {big['ttft_mean']:+.1%}: {_noise_verdict(fx.ours_ttft, fx.pa_ttft)}.")
+        out.append(
+            f"* mean TTFT {big['ttft_mean']:+.1%}: {_noise_verdict(fx.ours_ttft, fx.pa_ttft)}."
+        )
     if "served_rate" in big:
         out.append(
             f"* throughput {big['served_rate']:+.1%}: in a closed loop throughput = concurrency / "

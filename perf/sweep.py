@@ -61,32 +61,46 @@ def server_for(target: Target, plan: SweepPlan, run_root: Path):
     from bucketserve.serving.launcher import TritonServer
 
     cfg = ServeConfig(
-        policy=target.policy, http_port=free_port(), grpc_port=free_port(),
-        metrics_port=free_port(), run_dir=str(run_root / target.label.replace("+", "plus")),
-        kv_cache_gb=plan.kv_cache_gb, **target.overrides,
+        policy=target.policy,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        run_dir=str(run_root / target.label.replace("+", "plus")),
+        kv_cache_gb=plan.kv_cache_gb,
+        **target.overrides,
     )
     return TritonServer(cfg)
 
 
-def measure_rate(srv, reqs: list[BenchRequest], send_times: np.ndarray, rate: float,
-                 plan: SweepPlan, label: str) -> tuple[RunSummary, list[RequestRecord]]:
+def measure_rate(
+    srv, reqs: list[BenchRequest], send_times: np.ndarray, rate: float, plan: SweepPlan, label: str
+) -> tuple[RunSummary, list[RequestRecord]]:
     """One open-loop run at `rate` with a metrics scrape before and after."""
-    cfg = LoadConfig(url=srv.grpc_url, duration_s=plan.duration_s, drain_s=plan.drain_s,
-                     max_requests=plan.max_requests, temperature=plan.temperature, seed=plan.seed)
+    cfg = LoadConfig(
+        url=srv.grpc_url,
+        duration_s=plan.duration_s,
+        drain_s=plan.drain_s,
+        max_requests=plan.max_requests,
+        temperature=plan.temperature,
+        seed=plan.seed,
+    )
     before = prom.scrape(srv.metrics_url)
     load_before = os.getloadavg()[0]
     records = asyncio.run(run_open_loop(reqs, send_times / rate, rate, cfg))
     server = prom.delta(before, prom.scrape(srv.metrics_url))
     s = summarize(label, rate, records)
-    s.sched_ms_per_request = None if server.sched_s_per_request is None else server.sched_s_per_request * 1e3
+    s.sched_ms_per_request = (
+        None if server.sched_s_per_request is None else server.sched_s_per_request * 1e3
+    )
     s.sched_share = server.sched_share
     s.mean_prefill_batch = server.mean_prefill_batch
     s.load_avg = (load_before + os.getloadavg()[0]) / 2
     return s, records
 
 
-def run_sweep(target: Target, reqs: list[BenchRequest], unit_times: np.ndarray,
-              plan: SweepPlan, out: Path) -> SweepResult:
+def run_sweep(
+    target: Target, reqs: list[BenchRequest], unit_times: np.ndarray, plan: SweepPlan, out: Path
+) -> SweepResult:
     """Start the server, warm up untimed, measure each rate, stop; one JSONL per rate."""
     t_start = time.perf_counter()
     result = SweepResult(target, [], {}, 0.0)
@@ -94,16 +108,22 @@ def run_sweep(target: Target, reqs: list[BenchRequest], unit_times: np.ndarray,
     with srv:
         result.start_s = time.perf_counter() - t_start
         print(f"[{target.label}] server ready in {result.start_s:.0f} s", flush=True)
-        warm_up(reqs[-plan.warmup_requests :], LoadConfig(url=srv.grpc_url, drain_s=plan.drain_s),
-                n=plan.warmup_requests)
+        warm_up(
+            reqs[-plan.warmup_requests :],
+            LoadConfig(url=srv.grpc_url, drain_s=plan.drain_s),
+            n=plan.warmup_requests,
+        )
         for rate in plan.rates:
             s, records = measure_rate(srv, reqs, unit_times, rate, plan, target.label)
             write_jsonl(records, out / "requests" / f"{target.label}_rate{rate:g}.jsonl")
             result.summaries.append(s)
             result.records[rate] = records
-            print(f"[{target.label}] rate {rate:g}/s: sent {s.sent}, ok {s.ok}, attain "
-                  f"{s.attainment:.0%}, served {s.served_rate:.2f}/s, TTFT p50 "
-                  f"{_fmt(s.ttft_p50)} s, TPOT p50 {_fmt(s.tpot_p50)} s", flush=True)
+            print(
+                f"[{target.label}] rate {rate:g}/s: sent {s.sent}, ok {s.ok}, attain "
+                f"{s.attainment:.0%}, served {s.served_rate:.2f}/s, TTFT p50 "
+                f"{_fmt(s.ttft_p50)} s, TPOT p50 {_fmt(s.tpot_p50)} s",
+                flush=True,
+            )
     return result
 
 

@@ -46,9 +46,8 @@ def _docstrings(path: Path) -> list[str]:
 
 def load_tokenizer(model: str = "smollm2") -> Any:
     """The served model's own tokenizer (the local checkpoint directory of `model`)."""
-    from transformers import AutoTokenizer
-
     from bucketserve.engine.loader import resolve_model
+    from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(resolve_model(model))
 

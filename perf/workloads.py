@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-
 from textsource import TextSource
 
 CHAT_HEADER = "Explain this passage from the Python documentation in simple words.\n\n"
@@ -99,14 +98,22 @@ class BenchRequest:
 
 PAPER_SOURCES = {
     # Alpaca: BucketServe's numbers (mean 83.7, median 69); output lengths are our assumption.
-    "alpaca": Source("alpaca", LengthDist(69, 83.7, 4, 2048), LengthDist(48, 64, 4, 512), 0.25, 0.1),
+    "alpaca": Source(
+        "alpaca", LengthDist(69, 83.7, 4, 2048), LengthDist(48, 64, 4, 512), 0.25, 0.1
+    ),
     # LongBench: mean 55,749, median 41,417 tokens, truncated to the context budget.
     "longbench": Source(
-        "longbench", LengthDist(41417, 55749.3, 256, 7680), LengthDist(128, 160, 16, 512),
-        15.0, 0.15, SUMMARY_HEADER,
+        "longbench",
+        LengthDist(41417, 55749.3, 256, 7680),
+        LengthDist(128, 160, 16, 512),
+        15.0,
+        0.15,
+        SUMMARY_HEADER,
     ),
     # ShareGPT: published means (input 161, output 338); medians are our assumption.
-    "sharegpt": Source("sharegpt", LengthDist(90, 161, 4, 4096), LengthDist(250, 338, 4, 1024), 0.25, 0.1),
+    "sharegpt": Source(
+        "sharegpt", LengthDist(90, 161, 4, 4096), LengthDist(250, 338, 4, 1024), 0.25, 0.1
+    ),
 }
 
 # CPU profile (SmolLM2-135M, 2 cores): output scale and cap, SLOs. LongBench prompts keep the
@@ -131,12 +138,16 @@ def source(name: str, profile: str = "cpu", input_cap: int | None = None) -> Sou
         cap = min(src.input.high, input_cap or CPU_INPUT_CAP)
         factor = LONG_MEDIAN_OF_CAP * cap / src.input.median if name == "longbench" else 1.0
         src = replace(
-            src, input=src.input.scaled(factor, cap),
+            src,
+            input=src.input.scaled(factor, cap),
             output=src.output.scaled(s["output_scale"], s["output_cap"]),
-            ttft_slo_s=s["ttft_slo_s"], tpot_slo_s=s["tpot_slo_s"],
+            ttft_slo_s=s["ttft_slo_s"],
+            tpot_slo_s=s["tpot_slo_s"],
         )
     elif input_cap is not None:
-        src = replace(src, input=replace(src.input, high=input_cap, low=min(src.input.low, input_cap)))
+        src = replace(
+            src, input=replace(src.input, high=input_cap, low=min(src.input.low, input_cap))
+        )
     return src
 
 

@@ -123,7 +123,7 @@ class Client:
         try:
             # cancel_requests=True is the cancellation for bucketserve_bls (the server sees
             # is_cancelled); after the FINAL flag a plain half-close ends the stream.
-            client.stop_stream(cancel_requests=not state.is_final)
+            stop_stream(client, cancel=not state.is_final)
             if not state.is_finished and self.model == ENSEMBLE:
                 send_stop(client, self.model, state.request_id)
         finally:
@@ -150,4 +150,15 @@ def send_stop(client, model: str, request_id: str) -> None:
     except Exception as e:  # the caller is leaving; a failed stop must not mask why
         log.warning("bucketserve: stopping request %s failed: %s", request_id, error_message(e))
     finally:
-        client.stop_stream(cancel_requests=True)
+        stop_stream(client, cancel=True)
+
+
+def stop_stream(client, cancel: bool) -> None:
+    """stop_stream, without leaking grpc's request thread when cancelling."""
+    if cancel:
+        # tritonclient 2.51 cancels without ending the request iterator, which leaves grpc's
+        # request-sending thread blocked forever (one leaked thread per cancelled request).
+        pending = getattr(getattr(client, "_stream", None), "_request_queue", None)
+        if pending is not None:
+            pending.put(None)
+    client.stop_stream(cancel_requests=cancel)

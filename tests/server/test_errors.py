@@ -24,10 +24,12 @@ def grpc_call(server, inputs: list, model: str = "bucketserve") -> tuple[list, l
         if error is not None:
             errors.append(str(error))
             done.set()
-        elif result.get_response().parameters.get("triton_final_response").bool_param:
-            done.set()
-        else:
+            return
+        response = result.get_response()
+        if response.outputs:
             results.append(result)
+        if response.parameters["triton_final_response"].bool_param:
+            done.set()
 
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=callback)

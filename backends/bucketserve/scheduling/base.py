@@ -7,7 +7,9 @@ pools, serves overdue requests first, and keeps the ledger and the monitor up to
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable
+from itertools import takewhile
 from time import perf_counter
 
 from bucketserve.scheduling.batch import PrefillBatch
@@ -169,17 +171,12 @@ class BaseScheduler:
     def _overdue(self, now: float) -> Ordered | None:
         """Requests past the starvation bound, oldest first: they go next, whatever the policy."""
         cutoff = now - self.config.max_wait_s
-        late: list[tuple[RequestMeta, tuple[int, int]]] = []
-        for bucket in self.buckets.buckets:
-            for meta in bucket.requests.values():
-                if meta.arrival_s > cutoff:
-                    break
-                late.append((meta, (bucket.low, bucket.high)))
+        late = [b for b in self.buckets.buckets if b.requests and b.oldest().arrival_s <= cutoff]
         if not late:
             return None
-        late.sort(key=lambda x: x[0].arrival_s)
-        bounds = (min(b[0] for _, b in late), max(b[1] for _, b in late))
-        return [m for m, _ in late], bounds
+        merged = heapq.merge(*(b.requests.values() for b in late), key=lambda m: m.arrival_s)
+        bounds = (min(b.low for b in late), max(b.high for b in late))
+        return takewhile(lambda m: m.arrival_s <= cutoff, merged), bounds
 
     def _decode_blocks(self, meta: RequestMeta, block_size: int) -> int:
         out = reserve_tokens(meta, self.reserve_mode, self.output_mean.value or 1.0)

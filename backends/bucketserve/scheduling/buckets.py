@@ -20,6 +20,7 @@ class Bucket:
     low: int
     high: int
     requests: dict[str, RequestMeta] = field(default_factory=dict)
+    num_below_mid: int = 0  # kept by BucketManager so Algorithm 1's test is O(1)
 
     @property
     def mid(self) -> int:
@@ -32,10 +33,16 @@ class Bucket:
         return next(iter(self.requests.values()), None)
 
     def share_below_mid(self) -> float:
-        if not self.requests:
-            return 0.0
-        mid = self.mid
-        return sum(1 for r in self.requests.values() if r.prompt_len < mid) / len(self.requests)
+        return self.num_below_mid / len(self.requests) if self.requests else 0.0
+
+    def put(self, meta: RequestMeta) -> None:
+        self.requests[meta.request_id] = meta
+        self.num_below_mid += meta.prompt_len < self.mid
+
+    def take(self, request_id: str) -> RequestMeta:
+        meta = self.requests.pop(request_id)
+        self.num_below_mid -= meta.prompt_len < self.mid
+        return meta
 
 
 class BucketManager:
@@ -66,7 +73,7 @@ class BucketManager:
 
     def add(self, meta: RequestMeta) -> Bucket:
         bucket = self.bucket_for(meta.prompt_len)
-        bucket.requests[meta.request_id] = meta
+        bucket.put(meta)
         self._where[meta.request_id] = bucket
         self._seq[meta.request_id] = self._next_seq
         self._next_seq += 1
@@ -78,7 +85,7 @@ class BucketManager:
         if bucket is None:
             return None
         del self._seq[request_id]
-        meta = bucket.requests.pop(request_id)
+        meta = bucket.take(request_id)
         self.total_tokens -= meta.prompt_len
         return meta
 
@@ -108,7 +115,7 @@ class BucketManager:
         self._lows = edges[:-1]
         for meta in metas:
             bucket = self.bucket_for(meta.prompt_len)
-            bucket.requests[meta.request_id] = meta
+            bucket.put(meta)
             self._where[meta.request_id] = bucket
 
     def split(self, bucket: Bucket) -> None:

@@ -3,14 +3,16 @@
     python -m bucketserve.sim.reproduce --out perf/results/sim/paper
 
 Online sweeps (Alpaca, Mixed) for all policies, offline throughput (Mixed, every request
-queued at t=0), server load capacity, scheduler overhead at 32 req/s, and sensitivity runs
-(padded prefill, 1P3D placement, bursty arrivals). Writes CSV, PNG and summary.json.
+queued at t=0), server load capacity, scheduler overhead at 32 req/s, and sensitivity runs on
+Mixed for the P/D policies (padded prefill, 1P3D placement, bursty Gamma arrivals).
+Writes CSV, PNG and summary.json under --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -25,19 +27,28 @@ from bucketserve.sim.runner import Sweep
 from bucketserve.sim.simulator import Simulator
 from bucketserve.sim.workload import WorkloadSpec, make_requests
 
-RATES = {
-    "mixed": (1, 2, 3, 4, 5, 6, 7, 8, 10, 12),
-    "alpaca": (2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32),
-}
+RATES = {"mixed": (1, 2, 3, 4, 5, 6, 8, 10), "alpaca": (2, 4, 8, 12, 16, 20, 24, 28, 32)}
+PD_POLICIES = ("distserve", "bucketserve", "bucketserve+")
+
+
+def _progress(row) -> None:
+    print(
+        f"  {row.workload:7s} {row.policy:13s} {row.rate:5.1f} attain={row.attainment:.3f} served={row.served_rate:.2f}",
+        flush=True,
+    )
 
 
 def online(
-    cluster, latency, seed: int, duration: float, out: Path, tag: str = "", **wl
+    ctx, out: Path, tag: str = "", policies=POLICIES, workloads=tuple(RATES), **wl
 ) -> list[dict]:
+    """Sweep rates; write online{tag}.csv and goodput{tag}.csv; return the goodput rows."""
+    cluster, latency, seed, duration = ctx
     rows = []
-    for name, rates in RATES.items():
-        spec = WorkloadSpec(name, 300, rates[0], seed=seed, **wl)
-        rows += Sweep(spec, POLICIES, rates, cluster, latency, duration_s=duration).run()
+    for name in workloads:
+        spec = WorkloadSpec(name, 300, RATES[name][0], seed=seed, **wl)
+        rows += Sweep(spec, policies, RATES[name], cluster, latency, duration_s=duration).run(
+            _progress
+        )
     write_csv([r.as_dict() for r in rows], out / f"online{tag}.csv")
     good = goodput_rows(rows)
     write_csv(good, out / f"goodput{tag}.csv")
@@ -47,8 +58,9 @@ def online(
     return good
 
 
-def offline(cluster, latency, seed: int, n: int) -> dict[str, float]:
+def offline(ctx, n: int) -> dict[str, float]:
     """Every request queued at once (offline class): output tokens/s until the last finishes."""
+    cluster, latency, seed, _ = ctx
     spec = WorkloadSpec("mixed", n, 1e6, seed=seed, slo_class="offline")
     result = {}
     for policy in POLICIES:
@@ -60,10 +72,12 @@ def offline(cluster, latency, seed: int, n: int) -> dict[str, float]:
     return result
 
 
-def overhead(cluster, latency, seed: int, duration: float) -> list[dict]:
+def overhead(ctx, seconds: float = 60.0) -> list[dict]:
+    """bucketserve and bucketserve+ at 32 req/s: decision cost by bucket count, share of time."""
+    cluster, latency, seed, _ = ctx
     rows = []
     for name in ("mixed", "alpaca"):
-        spec = WorkloadSpec(name, int(32 * duration), 32.0, seed=seed)
+        spec = WorkloadSpec(name, int(32 * seconds), 32.0, seed=seed)
         for policy in ("bucketserve", "bucketserve+"):
             sim = Simulator(policy, make_requests(spec), cluster, latency)
             rows.append({"workload": name} | asdict(measure(sim.run(), 32.0)))
@@ -71,12 +85,25 @@ def overhead(cluster, latency, seed: int, duration: float) -> list[dict]:
     return rows
 
 
+def sensitivity(ctx, out: Path) -> dict[str, list[dict]]:
+    cluster, latency, seed, duration = ctx
+    runs = {
+        "padded_prefill": ((replace(cluster, padded_prefill=True), latency, seed, duration), {}),
+        "1p3d": ((replace(cluster, num_prefill=1, num_decode=3), latency, seed, duration), {}),
+        "gamma_cv2": (ctx, {"arrival": "gamma", "cv": 2.0}),
+    }
+    return {
+        tag: online(c, out, f"_{tag}", PD_POLICIES, ("mixed",), **wl)
+        for tag, (c, wl) in runs.items()
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("perf/results/sim/paper"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--duration", type=float, default=240.0, help="seconds of arrivals per online run"
+        "--duration", type=float, default=120.0, help="seconds of arrivals per online run"
     )
     p.add_argument("--offline-requests", type=int, default=2000)
     p.add_argument("--skip-sensitivity", action="store_true")
@@ -84,39 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     latency = RooflineLatency(LLAMA2_13B, A100_40GB)
     cluster = ClusterSpec.for_hardware(LLAMA2_13B, A100_40GB)  # 2P2D for P/D, 4 for aggregated
+    ctx = (cluster, latency, args.seed, args.duration)
+    t0 = time.perf_counter()
     summary = {"latency_model": latency.describe(), "kv_blocks_per_instance": cluster.kv_blocks}
-    summary["goodput"] = online(cluster, latency, args.seed, args.duration, args.out)
-    summary["offline_tok_s"] = offline(cluster, latency, args.seed, args.offline_requests)
-    summary["overhead_32rps"] = overhead(cluster, latency, args.seed, 60.0)
+    summary["goodput"] = online(ctx, args.out)
+    summary["offline_tok_s"] = offline(ctx, args.offline_requests)
+    summary["overhead_32rps"] = overhead(ctx)
     if not args.skip_sensitivity:
-        summary["goodput_padded"] = online(
-            replace(cluster, padded_prefill=True),
-            latency,
-            args.seed,
-            args.duration,
-            args.out,
-            "_padded",
-        )
-        summary["goodput_1p3d"] = online(
-            replace(cluster, num_prefill=1, num_decode=3),
-            latency,
-            args.seed,
-            args.duration,
-            args.out,
-            "_1p3d",
-        )
-        summary["goodput_bursty"] = online(
-            cluster,
-            latency,
-            args.seed,
-            args.duration,
-            args.out,
-            "_gamma_cv2",
-            arrival="gamma",
-            cv=2.0,
-        )
+        summary["sensitivity"] = sensitivity(ctx, args.out)
+    summary["wall_s"] = round(time.perf_counter() - t0, 1)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} in {summary['wall_s']} s")
     return 0
 
 

@@ -185,10 +185,12 @@ class Simulator:
         self._kick(decode)
         self._dispatch()
 
-    def _kick(self, decode: DecodeWorker) -> None:
+    def _kick(self, decode: DecodeWorker) -> bool:
+        """Admit hand-offs and start the next step if idle; True if anything was admitted."""
         if decode.busy:
-            return
-        for seq in decode.admit(self.now):
+            return False
+        admitted = decode.admit(self.now)
+        for seq in admitted:
             if seq.source is not None:
                 seq.source.release(seq.req.meta.prompt_len)
                 seq.source = None
@@ -197,12 +199,14 @@ class Simulator:
             self.push(self.now + t, self._step_done, decode)
         elif (ready := decode.next_ready_s()) is not None and ready > self.now:
             self.push(ready, self._kick, decode)
+        return bool(admitted)
 
     def _step_done(self, decode: DecodeWorker) -> None:
-        for seq in decode.finish_step(self.now):
+        done = decode.finish_step(self.now)
+        for seq in done:
             self._finished(seq.req)
-        self._kick(decode)
-        self._dispatch()
+        if self._kick(decode) or done:  # memory moved: the scheduler may admit more now
+            self._dispatch()
 
     # ---- aggregated continuous batching (vLLM-like) ------------------------------------
     def _agg_iterate(self, w: DecodeWorker) -> None:

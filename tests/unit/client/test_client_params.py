@@ -1,10 +1,15 @@
 """GenerationParams validation and the input tensors it builds (no server)."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from bucketserve_client.params import GenerationParams, build_inputs, stop_inputs
 
 from tests.unit.client.client_fakes import input_values
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(
@@ -47,44 +52,34 @@ def test_defaults_send_only_the_contract_minimum():
     )
 
 
-def test_every_input_has_the_contract_dtype_and_shape():
-    params = GenerationParams(
-        max_tokens=16,
-        temperature=0,
-        top_p=0.9,
-        top_k=40,
-        seed=2**63 - 1,
-        min_tokens=2,
-        stop_words=("\n\n", "END"),
-        apply_chat_template=True,
-        exclude_input_in_output=True,
-        slo_class="offline",
-        ttft_slo_ms=500,
-        tpot_slo_ms=50.5,
-    )
-    inputs = {i.name(): i for i in build_inputs("What is the capital of France?", params, True)}
-    expected = {
-        "text_input": "BYTES",
-        "stream": "BOOL",
-        "max_tokens": "INT32",
-        "temperature": "FP32",
-        "top_p": "FP32",
-        "top_k": "INT32",
-        "seed": "UINT64",
-        "min_tokens": "INT32",
-        "stop_words": "BYTES",
-        "apply_chat_template": "BOOL",
-        "exclude_input_in_output": "BOOL",
-        "return_num_input_tokens": "BOOL",
-        "return_num_output_tokens": "BOOL",
-        "slo_class": "BYTES",
-        "ttft_slo_ms": "FP32",
-        "tpot_slo_ms": "FP32",
-    }
-    assert {n: i.datatype() for n, i in inputs.items()} == expected
-    for name, tensor in inputs.items():
-        assert tensor.shape() == ([2] if name == "stop_words" else [1]), name
-    values = input_values(inputs.values())
+def all_params() -> GenerationParams:
+    return GenerationParams(
+        max_tokens=16, temperature=0, top_p=0.9, top_k=40, seed=2**63 - 1, min_tokens=2,
+        stop_words=("\n\n", "END"), apply_chat_template=True, exclude_input_in_output=True,
+        slo_class="offline", ttft_slo_ms=500, tpot_slo_ms=50.5,
+    )  # fmt: skip
+
+
+def server_contract() -> dict[str, tuple[str, list[int]]]:
+    """name -> (datatype, dims) of the server's inputs, read from the model repository."""
+    text = (REPO / "model_repository" / "_user_inputs.pbtxt").read_text()
+    rows = re.findall(r'name: "(\w+)" data_type: TYPE_(\w+) dims: \[ ([-\d, ]+) \]', text)
+    dtype = {"STRING": "BYTES"}
+    return {n: (dtype.get(t, t), [int(d) for d in dims.split(",")]) for n, t, dims in rows}
+
+
+def test_every_input_matches_the_server_contract():
+    contract = server_contract()
+    inputs = build_inputs("What is the capital of France?", all_params(), stream=True)
+    assert len(inputs) == 16
+    for tensor in inputs:
+        datatype, dims = contract[tensor.name()]
+        assert tensor.datatype() == datatype, tensor.name()
+        assert tensor.shape() == ([2] if dims == [-1] else dims), tensor.name()
+
+
+def test_input_values_survive_serialisation():
+    values = input_values(build_inputs("What is the capital of France?", all_params(), True))
     assert values["text_input"][0] == b"What is the capital of France?"
     assert values["temperature"].dtype == np.float32 and values["temperature"][0] == 0.0
     assert values["seed"][0] == 2**63 - 1

@@ -79,12 +79,16 @@ def test_jsonl_round_trip(tmp_path):
 
 
 def test_prometheus_deltas():
-    before = parse('bucketserve_scheduler_decision_seconds_total{policy="x"} 1.0\n'
-                   'bucketserve_e2e_request_latency_seconds_sum{instance="d0"} 10\n'
-                   'bucketserve_e2e_request_latency_seconds_count{instance="d0"} 5\n')
-    after = parse('# HELP x\nbucketserve_scheduler_decision_seconds_total{policy="x"} 1.5\n'
-                  'bucketserve_e2e_request_latency_seconds_sum{instance="d0"} 60\n'
-                  'bucketserve_e2e_request_latency_seconds_count{instance="d0"} 15\n')
+    before = parse(
+        'bucketserve_scheduler_decision_seconds_total{policy="x"} 1.0\n'
+        'bucketserve_e2e_request_latency_seconds_sum{instance="d0"} 10\n'
+        'bucketserve_e2e_request_latency_seconds_count{instance="d0"} 5\n'
+    )
+    after = parse(
+        '# HELP x\nbucketserve_scheduler_decision_seconds_total{policy="x"} 1.5\n'
+        'bucketserve_e2e_request_latency_seconds_sum{instance="d0"} 60\n'
+        'bucketserve_e2e_request_latency_seconds_count{instance="d0"} 15\n'
+    )
     d = delta(before, after)
     assert d.requests == 10 and d.sched_s_per_request == pytest.approx(0.05)
     assert d.sched_share == pytest.approx(0.01)
