@@ -26,12 +26,13 @@ from arrivals import Arrivals, load_trace
 from fixed_load import run_fixed_load
 from plots import write_all
 from report import write_report, write_summary_csv
-from sweep import SweepPlan, Target, run_sweep, server_for
+from sweep import SweepPlan, Target, run_sweep
 from textsource import TextSource, load_tokenizer
 from workloads import build_requests, requests_from_lengths, source, workload
 
 POLICIES = ("static", "fcfs", "distserve", "bucketserve", "bucketserve+")
 ROOT = Path(__file__).resolve().parents[1]
+FIXED_LOAD_POLICY = "bucketserve"  # its server also hosts the loadgen vs perf_analyzer check
 
 
 @dataclass(slots=True)
@@ -51,19 +52,20 @@ class Preset:
 
 
 SMOKE = Preset(
-    input_cap=1024,
+    input_cap=512,
     rates=(0.2, 0.4, 0.8),
-    duration_s=15.0,
-    drain_s=20.0,
+    duration_s=12.0,
+    drain_s=12.0,
     max_requests=40,
     warmup=2,
     fixed_concurrency=2,
-    fixed_requests=8,
+    fixed_requests=6,
 )
 SLO_BASIS = (
     "The paper states no SLO values; the `paper` profile uses DistServe's (chat 13B-class "
-    "0.25 s / 0.1 s, summarisation 15 s / 0.15 s); the `cpu` profile keeps their shape and "
-    "scales them to SmolLM2-135M on a 2-core CPU (see perf/README.md)."
+    "0.25 s / 0.1 s, summarisation 15 s / 0.15 s); the `cpu` profile scales them to "
+    "SmolLM2-135M on a 2-core CPU with a Bullet-style TTFT normalised per prompt token "
+    "(see perf/README.md)."
 )
 
 
@@ -111,7 +113,7 @@ def resolve_preset(a: argparse.Namespace) -> Preset:
 
 
 def make_requests(a: argparse.Namespace, pre: Preset, text: TextSource):
-    """(requests, unit-rate send times, arrival description, workload description lines)."""
+    """(requests, unit-rate send times, arrival, workload lines, SLO lines)."""
     n = pre.max_requests + pre.warmup
     if a.arrival == "trace":
         if not a.trace:
@@ -122,11 +124,18 @@ def make_requests(a: argparse.Namespace, pre: Preset, text: TextSource):
         reqs = requests_from_lengths(lengths, a.seed, text, slo)
         arr = Arrivals("trace", trace=tr)
         lines = [f"trace {a.trace}: {len(reqs)} requests, lengths from the trace; SLOs of alpaca"]
-        return reqs, arr.send_times(len(reqs), 1.0, a.seed), arr.describe(), lines
+        return (
+            reqs,
+            arr.send_times(len(reqs), 1.0, a.seed),
+            arr.describe(),
+            lines,
+            [f"trace: {slo.describe_slo()}"],
+        )
     wl = workload(pre.workload, pre.profile, pre.input_cap)
     arr = Arrivals(a.arrival, cv=a.cv if a.arrival == "gamma" else 1.0)
     reqs = build_requests(wl, n, a.seed, text)
-    return reqs, arr.send_times(n, 1.0, a.seed), arr.describe(), wl.describe()
+    slo_lines = [f"{src.name}: {src.describe_slo()}" for src in wl.sources]
+    return reqs, arr.send_times(n, 1.0, a.seed), arr.describe(), wl.describe(), slo_lines
 
 
 def machine_name() -> str:
@@ -153,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     out.mkdir(parents=True, exist_ok=True)
     text = TextSource.build(load_tokenizer())
-    reqs, unit_times, arrival, wl_lines = make_requests(a, pre, text)
+    reqs, unit_times, arrival, wl_lines, slo_lines = make_requests(a, pre, text)
     plan = SweepPlan(
         pre.rates, pre.duration_s, pre.drain_s, pre.max_requests, pre.warmup, seed=a.seed
     )
@@ -163,36 +172,41 @@ def main(argv: list[str] | None = None) -> int:
         targets += abl_targets
     else:
         abl_notes = ["Not requested (run with --ablations).", "", *abl_notes]
-    results = [run_sweep(t, reqs, unit_times, plan, out) for t in targets]
-    fixed = None if a.skip_fixed_load else fixed_load_run(reqs, plan, pre, out)
+    if not a.skip_fixed_load and FIXED_LOAD_POLICY not in [t.label for t in targets]:
+        targets.append(Target(FIXED_LOAD_POLICY, FIXED_LOAD_POLICY))  # host for the fixed load
+    hook = None if a.skip_fixed_load else fixed_load_hook(reqs, pre, out)
+    results = [
+        run_sweep(t, reqs, unit_times, plan, out, hook if t.label == FIXED_LOAD_POLICY else None)
+        for t in targets
+    ]
+    fixed = next((r.extra for r in results if r.extra is not None), None)
     ctx = context(a, pre, date, reqs, arrival, wl_lines, time.perf_counter() - t_start)
+    ctx["slo_lines"] = slo_lines
     write_summary_csv(results, out / "summary.csv")
     write_report(out / "report.md", ctx, results, fixed, write_all(results, out), abl_notes)
     print(f"report: {out / 'report.md'} ({ctx['wall_s']:.0f} s)")
     return 0
 
 
-def fixed_load_run(reqs, plan: SweepPlan, pre: Preset, out: Path):
-    """A fresh bucketserve server: loadgen, then perf_analyzer, at the same concurrency."""
-    srv = server_for(Target("fixed-load", "bucketserve"), plan, out / "run")
-    with srv:
-        from loadgen import LoadConfig, warm_up
+def fixed_load_hook(reqs, pre: Preset, out: Path):
+    """Run on the bucketserve server after its sweep: loadgen, then perf_analyzer."""
 
-        warm_up(reqs[-plan.warmup_requests :], LoadConfig(url=srv.grpc_url), n=plan.warmup_requests)
+    def hook(srv):
         return run_fixed_load(
             srv,
             reqs,
             pre.fixed_concurrency,
             pre.fixed_requests,
             out,
-            drain_s=max(plan.drain_s, 120.0),
+            drain_s=max(pre.drain_s, 120.0),
         )
+
+    return hook
 
 
 def context(
     a, pre: Preset, date: str, reqs, arrival: str, wl_lines: list[str], wall_s: float
 ) -> dict:
-    slos = sorted({(r.source, r.ttft_slo_s, r.tpot_slo_s) for r in reqs})
     load = os.getloadavg()
     return {
         "date": date,
@@ -212,7 +226,6 @@ def context(
         "max_requests": pre.max_requests,
         "warmup": pre.warmup,
         "wall_s": wall_s,
-        "slo_lines": [f"{s}: TTFT {t:g} s, TPOT {p:g} s" for s, t, p in slos],
         "slo_basis": SLO_BASIS,
         "corpus": "real English text from the Python standard library's own documentation "
         "(pydoc_data language-reference topics and stdlib docstrings), cut to the drawn length "

@@ -8,6 +8,7 @@ request count and in time: nothing is sent after `duration_s`; requests still ru
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -66,7 +67,7 @@ def make_inputs(req: BenchRequest, cfg: LoadConfig) -> list[grpcclient.InferInpu
     ]
 
 
-def new_record(req: BenchRequest, rate: float) -> RequestRecord:
+def new_record(req: BenchRequest, rate: float, request_id: str) -> RequestRecord:
     return RequestRecord(
         req.idx,
         req.source,
@@ -77,6 +78,7 @@ def new_record(req: BenchRequest, rate: float) -> RequestRecord:
         req.ttft_slo_s,
         req.tpot_slo_s,
         error="not finished",
+        request_id=request_id,
     )
 
 
@@ -100,7 +102,7 @@ async def stream_one(
         yield {
             "model_name": cfg.model,
             "inputs": inputs,
-            "request_id": f"bench-{req.idx}",
+            "request_id": rec.request_id,
             "parameters": {"triton_enable_empty_final_response": True},
         }
 
@@ -129,17 +131,47 @@ async def stream_one(
         responses.cancel()
 
 
-async def _settle(tasks: list[asyncio.Task], records: list[RequestRecord], drain_s: float) -> None:
-    """Wait up to drain_s for running requests; cancel and mark the rest."""
+async def stop_request(client, request_id: str, cfg: LoadConfig, timeout_s: float = 10.0) -> None:
+    """Ask the server to stop `request_id` (`stop: true`, the TensorRT-LLM convention): a
+    cancelled gRPC stream does not stop an ensemble step that is already running."""
+    inputs = [
+        _tensor("text_input", "BYTES", b"stop"),
+        _tensor("max_tokens", "INT32", 1),
+        _tensor("stop", "BOOL", True),
+    ]
+
+    async def one():
+        yield {"model_name": cfg.model, "inputs": inputs, "request_id": request_id}
+
+    responses = client.stream_infer(one())
+
+    async def first() -> None:
+        async for _ in responses:
+            return
+
+    try:
+        await asyncio.wait_for(first(), timeout_s)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        responses.cancel()
+
+
+async def _settle(
+    client, tasks: list[asyncio.Task], records: list[RequestRecord], cfg: LoadConfig
+) -> None:
+    """Wait up to drain_s for running requests; stop them on the server, cancel, mark."""
     if not tasks:
         return
-    _, pending = await asyncio.wait(tasks, timeout=drain_s)
+    _, pending = await asyncio.wait(tasks, timeout=cfg.drain_s)
+    late = [rec.request_id for t, rec in zip(tasks, records, strict=True) if t in pending]
+    await asyncio.gather(*(stop_request(client, rid, cfg) for rid in late), return_exceptions=True)
     for t in pending:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     for task, rec in zip(tasks, records, strict=True):
         if task.cancelled() and rec.e2e_s is None:
-            rec.error = f"unfinished after drain of {drain_s:g} s"
+            rec.error = f"unfinished after drain of {cfg.drain_s:g} s (stopped)"
         elif not task.cancelled() and task.exception() is not None:
             rec.error = f"{type(task.exception()).__name__}: {task.exception()}"
 
@@ -149,15 +181,16 @@ async def run_open_loop(
 ) -> list[RequestRecord]:
     """Send reqs[i] at send_times[i] until duration_s or max_requests."""
     records, tasks = [], []
+    tag = secrets.token_hex(4)
     async with aioclient.InferenceServerClient(cfg.url) as client:
         t0 = time.perf_counter()
         for req, ts in zip(reqs, send_times, strict=False):
             if ts > cfg.duration_s or len(tasks) >= cfg.max_requests:
                 break
             await asyncio.sleep(max(0.0, t0 + float(ts) - time.perf_counter()))
-            records.append(new_record(req, rate))
+            records.append(new_record(req, rate, f"{tag}-{len(records)}"))
             tasks.append(asyncio.create_task(stream_one(client, req, cfg, records[-1], t0)))
-        await _settle(tasks, records, cfg.drain_s)
+        await _settle(client, tasks, records, cfg)
     return records
 
 
@@ -166,13 +199,14 @@ async def run_closed_loop(
 ) -> list[RequestRecord]:
     """`concurrency` workers each send the next request (cycling reqs) as soon as one ends."""
     records: list[RequestRecord] = []
+    tag = secrets.token_hex(4)
     async with aioclient.InferenceServerClient(cfg.url) as client:
         t0 = time.perf_counter()
 
         async def worker() -> None:
             while len(records) < cfg.max_requests and time.perf_counter() - t0 < cfg.duration_s:
                 req = reqs[len(records) % len(reqs)]
-                records.append(new_record(req, 0.0))
+                records.append(new_record(req, 0.0, f"{tag}-{len(records)}"))
                 try:
                     await stream_one(client, req, cfg, records[-1], t0)
                 except Exception as e:  # recorded, the worker goes on

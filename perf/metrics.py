@@ -106,6 +106,7 @@ class RunSummary:
     sched_share: float | None = None
     mean_prefill_batch: float | None = None
     load_avg: float | None = None  # 1-min load average of the host during the run
+    idle_wait_s: float | None = None  # server drain after the run (None: not idle in time)
 
 
 def summarize(label: str, rate: float, records: Sequence[RequestRecord]) -> RunSummary:

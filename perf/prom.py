@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
@@ -78,3 +80,26 @@ def delta(before: dict, after: dict) -> ServerDelta:
         prefill_batch_s_sum=d("bucketserve_prefill_batch_seconds_sum"),
         generation_tokens=d("bucketserve_generation_tokens_total"),
     )
+
+
+def is_idle(snapshot: dict) -> bool:
+    """No request queued for prefill and every KV block of every instance free."""
+    free = snapshot.get("bucketserve_kv_blocks_free", {})
+    blocks = snapshot.get("bucketserve_kv_blocks_total", {})
+    queued = total(snapshot, "bucketserve_queue_length_total")
+    return bool(blocks) and queued == 0 and all(free.get(k) == v for k, v in blocks.items())
+
+
+def wait_idle(url: str, timeout_s: float, poll_s: float = 0.5) -> float | None:
+    """Seconds until two consecutive idle scrapes, or None if not idle within timeout_s."""
+    start = time.perf_counter()
+    streak = 0
+    while time.perf_counter() - start < timeout_s:
+        try:
+            streak = streak + 1 if is_idle(scrape(url)) else 0
+        except (urllib.error.URLError, OSError):
+            streak = 0
+        if streak >= 2:
+            return time.perf_counter() - start
+        time.sleep(poll_s)
+    return None

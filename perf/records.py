@@ -33,6 +33,7 @@ class RequestRecord:
     chunk_s: list[float] = field(default_factory=list)
     finish_reason: str = ""
     error: str = ""
+    request_id: str = ""
 
     @property
     def ok(self) -> bool:

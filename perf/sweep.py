@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from loadgen import LoadConfig, run_open_loop, warm_up
 from metrics import RunSummary, summarize
 from records import RequestRecord, write_jsonl
 from workloads import BenchRequest
+
+IDLE_TIMEOUT_S = 60.0  # after each rate: wait for the server to drain before the next one
 
 
 @dataclass(slots=True)
@@ -46,7 +49,7 @@ class SweepResult:
     summaries: list[RunSummary]
     records: dict[float, list[RequestRecord]]
     start_s: float
-    notes: list[str] = field(default_factory=list)
+    extra: object = None  # what the `after` hook of run_sweep returned
 
 
 def free_port() -> int:
@@ -95,24 +98,32 @@ def measure_rate(
     s.sched_share = server.sched_share
     s.mean_prefill_batch = server.mean_prefill_batch
     s.load_avg = (load_before + os.getloadavg()[0]) / 2
+    s.idle_wait_s = prom.wait_idle(srv.metrics_url, IDLE_TIMEOUT_S)
     return s, records
 
 
+def warm_up_requests(reqs: list[BenchRequest], n: int) -> list[BenchRequest]:
+    """The n cheapest requests: warm-up touches every code path without a long prefill."""
+    return sorted(reqs, key=lambda r: (r.input_tokens + 8 * r.output_tokens, r.idx))[:n]
+
+
 def run_sweep(
-    target: Target, reqs: list[BenchRequest], unit_times: np.ndarray, plan: SweepPlan, out: Path
+    target: Target,
+    reqs: list[BenchRequest],
+    unit_times: np.ndarray,
+    plan: SweepPlan,
+    out: Path,
+    after: Callable[[object], object] | None = None,
 ) -> SweepResult:
-    """Start the server, warm up untimed, measure each rate, stop; one JSONL per rate."""
+    """Start the server, warm up untimed, measure each rate, run `after(server)`, stop."""
     t_start = time.perf_counter()
     result = SweepResult(target, [], {}, 0.0)
     srv = server_for(target, plan, out / "run")
     with srv:
         result.start_s = time.perf_counter() - t_start
         print(f"[{target.label}] server ready in {result.start_s:.0f} s", flush=True)
-        warm_up(
-            reqs[-plan.warmup_requests :],
-            LoadConfig(url=srv.grpc_url, drain_s=plan.drain_s),
-            n=plan.warmup_requests,
-        )
+        warm = warm_up_requests(reqs, plan.warmup_requests)
+        warm_up(warm, LoadConfig(url=srv.grpc_url, drain_s=120.0), n=len(warm))
         for rate in plan.rates:
             s, records = measure_rate(srv, reqs, unit_times, rate, plan, target.label)
             write_jsonl(records, out / "requests" / f"{target.label}_rate{rate:g}.jsonl")
@@ -124,6 +135,8 @@ def run_sweep(
                 f"{_fmt(s.ttft_p50)} s, TPOT p50 {_fmt(s.tpot_p50)} s",
                 flush=True,
             )
+        if after is not None:
+            result.extra = after(srv)
     return result
 
 

@@ -59,9 +59,19 @@ class Source:
     name: str
     input: LengthDist
     output: LengthDist
-    ttft_slo_s: float
+    ttft_slo_s: float  # the TTFT SLO, or its floor when ttft_per_token_s > 0
     tpot_slo_s: float
     header: str = CHAT_HEADER
+    ttft_per_token_s: float = 0.0  # Bullet-style normalised TTFT: max(floor, per_token x prompt)
+
+    def ttft_slo_for(self, prompt_tokens: int) -> float:
+        return max(self.ttft_slo_s, self.ttft_per_token_s * prompt_tokens)
+
+    def describe_slo(self) -> str:
+        ttft = f"{self.ttft_slo_s:g} s"
+        if self.ttft_per_token_s > 0:
+            ttft = f"max({ttft}, {self.ttft_per_token_s * 1e3:g} ms x prompt tokens)"
+        return f"TTFT {ttft}, TPOT {self.tpot_slo_s:g} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +87,7 @@ class Workload:
         for src, w in zip(self.sources, self.weights, strict=True):
             lines.append(
                 f"{src.name} ({w:.0%}): input {src.input.describe()}; output "
-                f"{src.output.describe()}; SLO TTFT {src.ttft_slo_s:g} s, TPOT {src.tpot_slo_s:g} s"
+                f"{src.output.describe()}; SLO {src.describe_slo()}"
             )
         return lines
 
@@ -116,14 +126,16 @@ PAPER_SOURCES = {
     ),
 }
 
-# CPU profile (SmolLM2-135M, 2 cores): output scale and cap, SLOs. LongBench prompts keep the
+# CPU profile (SmolLM2-135M, 2 cores): output scale and cap, SLOs (TTFT normalised per prompt
+# token with a floor, so one rule fits any prompt cap). LongBench prompts keep the
 # paper's log-normal shape scaled down so the median sits at LONG_MEDIAN_OF_CAP x the cap, then
 # are truncated at the cap (plain truncation of a 41k-token median would make them all equal).
 LONG_MEDIAN_OF_CAP = 0.6
+CPU_TTFT_PER_TOKEN_S = 0.008  # needs >= 125 prompt tokens/s of prefill per request
 CPU_SCALING = {
-    "alpaca": dict(output_scale=0.25, output_cap=64, ttft_slo_s=1.5, tpot_slo_s=0.15),
-    "longbench": dict(output_scale=0.125, output_cap=64, ttft_slo_s=6.0, tpot_slo_s=0.2),
-    "sharegpt": dict(output_scale=0.1, output_cap=64, ttft_slo_s=1.5, tpot_slo_s=0.15),
+    "alpaca": dict(output_scale=0.25, output_cap=64, ttft_slo_s=2.0, tpot_slo_s=0.15),
+    "longbench": dict(output_scale=0.125, output_cap=64, ttft_slo_s=2.0, tpot_slo_s=0.2),
+    "sharegpt": dict(output_scale=0.1, output_cap=64, ttft_slo_s=2.0, tpot_slo_s=0.15),
 }
 CPU_INPUT_CAP = 1500
 
@@ -143,6 +155,7 @@ def source(name: str, profile: str = "cpu", input_cap: int | None = None) -> Sou
             output=src.output.scaled(s["output_scale"], s["output_cap"]),
             ttft_slo_s=s["ttft_slo_s"],
             tpot_slo_s=s["tpot_slo_s"],
+            ttft_per_token_s=CPU_TTFT_PER_TOKEN_S,
         )
     elif input_cap is not None:
         src = replace(
@@ -183,7 +196,9 @@ def build_requests(wl: Workload, n: int, seed: int, text: TextSource) -> list[Be
         src = wl.sources[int(which[i])]
         prompt, actual = text.prompt(src.header, int(ins[i]), int(offsets[i]))
         reqs.append(
-            BenchRequest(i, src.name, prompt, actual, int(outs[i]), src.ttft_slo_s, src.tpot_slo_s)
+            BenchRequest(
+                i, src.name, prompt, actual, int(outs[i]), src.ttft_slo_for(actual), src.tpot_slo_s
+            )
         )
     return reqs
 
@@ -196,5 +211,6 @@ def requests_from_lengths(
     reqs = []
     for i, (n_in, n_out) in enumerate(lengths):
         prompt, actual = text.prompt(slo.header, n_in, int(offsets[i]))
-        reqs.append(BenchRequest(i, "trace", prompt, actual, n_out, slo.ttft_slo_s, slo.tpot_slo_s))
+        ttft = slo.ttft_slo_for(actual)
+        reqs.append(BenchRequest(i, "trace", prompt, actual, n_out, ttft, slo.tpot_slo_s))
     return reqs

@@ -82,6 +82,7 @@ class AsyncClient:
         return self._grpc
 
     async def close(self) -> None:
+        """Close the gRPC channel (a later request opens a new one)."""
         if self._grpc is not None:
             await self._grpc.close()
             self._grpc = None

@@ -58,9 +58,11 @@ class Conversation:
 
     @property
     def is_multi_turn(self) -> bool:
+        """True when a tokenizer renders the whole conversation here."""
         return self.tokenizer is not None
 
     def prompt(self, text: str) -> str:
+        """The text_input for the next message: the templated conversation, or the message."""
         if self.tokenizer is None:
             return text
         messages = [*self.messages, {"role": "user", "content": text}]
@@ -69,6 +71,7 @@ class Conversation:
         )
 
     def commit(self, text: str, answer: str) -> None:
+        """Keep a finished turn (multi-turn mode only)."""
         if self.is_multi_turn:
             self.messages += [
                 {"role": "user", "content": text},
@@ -76,6 +79,7 @@ class Conversation:
             ]
 
     def reset(self) -> None:
+        """Forget the conversation."""
         self.messages.clear()
 
 
@@ -140,6 +144,7 @@ def chat_loop(
 
 
 def cmd_chat(a: argparse.Namespace, params: GenerationParams) -> int:
+    """`bucketserve chat`: pick the multi-turn or single-turn mode, say which, run the REPL."""
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:

@@ -47,6 +47,7 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of both subcommands (one source of CLI defaults: the server's)."""
     parser = argparse.ArgumentParser(prog="bucketserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="send one prompt, print the answer")
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def params_from_args(a: argparse.Namespace) -> GenerationParams:
+    """GenerationParams from the parsed flags; the chat template is on unless --no-chat-template."""
     return GenerationParams(
         max_tokens=a.max_tokens,
         min_tokens=a.min_tokens,
@@ -79,6 +81,7 @@ def params_from_args(a: argparse.Namespace) -> GenerationParams:
 
 
 def print_stats(c: Completion) -> None:
+    """Token counts and timings of a completion, on stderr."""
     print(
         f"[{c.finish_reason or 'no finish_reason'}: {c.num_input_tokens} prompt tokens, "
         f"{c.num_output_tokens} output tokens, ttft {c.ttft_s:.3f}s, "
@@ -88,6 +91,7 @@ def print_stats(c: Completion) -> None:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
+    """`bucketserve generate`: one prompt, the answer on stdout (streamed with --stream)."""
     client = Client(a.url, a.model, timeout_s=a.timeout)
     params = params_from_args(a)
     if not a.stream:

@@ -79,6 +79,7 @@ class GenerationParams:
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
+        """The parameter names, in declaration order."""
         return tuple(f.name for f in fields(cls))
 
 
@@ -103,22 +104,26 @@ def check_float(name: str, value, low: float, high: float) -> None:
 
 
 def check_flag(name: str, value) -> None:
+    """ValueError naming the field unless value is None or a bool."""
     if value is not None and not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def check_stop_words(words: tuple) -> None:
+    """ValueError unless every stop word is a non-empty string."""
     for word in words:
         if not isinstance(word, str) or not word:
             raise ValueError(f"stop_words must be non-empty strings, got {word!r}")
 
 
 def check_prompt(prompt) -> None:
+    """ValueError unless the prompt is a non-empty string."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("prompt (text_input) must be a non-empty string")
 
 
 def check_model(model: str) -> None:
+    """ValueError unless model is one of the two entry points."""
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
 
@@ -134,6 +139,7 @@ def scalar_input(name: str, value) -> InferInput:
 
 
 def bytes_list_input(name: str, words: tuple[str, ...]) -> InferInput:
+    """A [len(words)]-shaped BYTES input (stop_words)."""
     tensor = InferInput(name, [len(words)], "BYTES")
     tensor.set_data_from_numpy(np.array([w.encode("utf-8") for w in words], dtype=np.object_))
     return tensor

@@ -116,12 +116,14 @@ class Collector:
     ttft_s: float | None = None
 
     def add(self, chunk: Chunk) -> None:
+        """Take one chunk; the first with output sets ttft_s."""
         if self.ttft_s is None and (chunk.text or chunk.num_output_tokens):
             self.ttft_s = chunk.time
         self.parts.append(chunk.text)
         self.last = chunk
 
     def completion(self, latency_s: float) -> Completion:
+        """The Completion of the chunks taken so far."""
         last = self.last
         return Completion(
             text="".join(self.parts),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 
 import pytest
@@ -27,6 +28,14 @@ def cancelled_count(server) -> float:
         for line in lines
         if line.startswith("bucketserve_requests_total{") and 'finish_reason="cancelled"' in line
     )
+
+
+def wait_cancelled(server, before: float, timeout_s: float = 5.0) -> float:
+    """Poll until the cancelled-request counter passes `before`; returns its last value."""
+    deadline = time.monotonic() + timeout_s
+    while (count := cancelled_count(server)) <= before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return count
 
 
 def assert_all_blocks_free(server) -> None:
@@ -80,7 +89,7 @@ def test_async_client_eight_concurrent_streams(server):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_early_break_cancels_and_frees_kv(server, model):
-    before = cancelled_count(server)
+    before, threads = cancelled_count(server), threading.active_count()
     client = Client(server.grpc_url, model)
     stream = client.stream(
         LONG_PROMPT, max_tokens=512, min_tokens=512, temperature=0.0, apply_chat_template=True
@@ -91,11 +100,14 @@ def test_early_break_cancels_and_frees_kv(server, model):
     start = time.monotonic()
     stream.close()
     assert time.monotonic() - start < 10.0
-    assert_all_blocks_free(server)
-    assert cancelled_count(server) > before
+    assert wait_cancelled(server, before) > before  # the server saw the cancel ...
+    assert_all_blocks_free(server)  # ... and gave every KV block back
+    assert threading.active_count() <= threads  # no gRPC thread left behind by the cancel
 
 
 def test_async_early_exit_on_the_ensemble(server):
+    before = cancelled_count(server)
+
     async def run():
         async with AsyncClient(server.grpc_url) as client:
             chunks = client.stream(LONG_PROMPT, max_tokens=512, min_tokens=512)
@@ -104,6 +116,7 @@ def test_async_early_exit_on_the_ensemble(server):
                     break
 
     asyncio.run(run())
+    assert wait_cancelled(server, before) > before
     assert_all_blocks_free(server)
 
 

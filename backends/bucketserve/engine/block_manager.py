@@ -84,6 +84,13 @@ class BlockManager:
         """Make room for the newest token's KV before a decode step."""
         self.allocate_for(seq, seq.num_tokens)
 
+    def detach(self, seq: Sequence) -> list[int]:
+        """Clear seq.block_table without freeing: the ids now belong to the caller (e.g. a
+        pending prefill->decode hand-off), who frees them later."""
+        ids = list(seq.block_table)
+        seq.block_table.clear()
+        return ids
+
     def release(self, seq: Sequence) -> None:
         """Free all blocks of `seq` and clear its table."""
         self.free(seq.block_table)

@@ -17,12 +17,15 @@ class StepStats:
     num_decode_tokens: int = 0  # tokens produced by decode steps (one per sequence per step)
     ema_prefill_s: float = 0.0
     ema_decode_s: float = 0.0
+    ema_step_s: float = 0.0  # any step, prefill or decode
     last_step_s: float = 0.0
     last_batch_size: int = 0
 
     def record(self, is_prefill: bool, batch_size: int, num_tokens: int, seconds: float) -> None:
         """Account one step."""
         self.last_step_s, self.last_batch_size = seconds, batch_size
+        num_steps = self.num_prefill_steps + self.num_decode_steps + 1
+        self.ema_step_s = _ema(self.ema_step_s, seconds, num_steps)
         if is_prefill:
             self.num_prefill_steps += 1
             self.num_prefill_tokens += num_tokens

@@ -130,12 +130,15 @@ class BucketManager:
             self.set_cuts([])
 
 
-def rebalance(manager: BucketManager, n_max: int, threshold: float = 0.5) -> str:
+def rebalance(
+    manager: BucketManager, n_max: int, threshold: float = 0.5, cap: int | None = None
+) -> str:
     """Algorithm 1's load-driven step; returns "merge", "split" or "none".
 
     Merge everything when fewer than N_max requests wait. When more than N_max wait, split
     (repeatedly, as the children are checked again) every bucket holding more than N_max
-    requests of which more than `threshold` lie below its midpoint.
+    requests of which more than `threshold` lie below its midpoint. `cap` (not in the paper)
+    stops splitting at that many buckets.
     """
     if manager.total < n_max:
         if len(manager.buckets) > 1:
@@ -145,12 +148,13 @@ def rebalance(manager: BucketManager, n_max: int, threshold: float = 0.5) -> str
     if manager.total == n_max:
         return "none"
     action = "none"
-    while True:
+    while cap is None or len(manager.buckets) < cap:
         target = next((b for b in manager.buckets if _should_split(b, n_max, threshold)), None)
         if target is None:
             return action
         manager.split(target)
         action = "split"
+    return action
 
 
 def _should_split(bucket: Bucket, n_max: int, threshold: float) -> bool:

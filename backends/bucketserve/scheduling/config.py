@@ -34,6 +34,7 @@ class SchedulerConfig:
     # bucketserve (faithful): Eq. 6 safety factor and the offline order inside buckets
     memory_safety: float = 0.9
     offline_order: str = "sjf"
+    bucket_cap: int | None = None  # not in the paper: stop Algorithm 1 splitting at this many
     # fcfs / distserve: prefill token budget per batch (None: max(max_model_len, 2048), vLLM's)
     max_batched_tokens: int | None = None
     # static: fixed batch size (HF generate / UELLM style)
@@ -71,6 +72,8 @@ class SchedulerConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         _check_range("max_buckets", self.max_buckets, 1, 64)
+        if self.bucket_cap is not None and self.bucket_cap < 1:
+            raise ValueError(f"bucket_cap must be >= 1 or None, got {self.bucket_cap}")
         _check_range("bins_per_octave", self.bins_per_octave, 1, 16)
         if self.max_batched_tokens is not None and self.max_batched_tokens < self.max_model_len:
             raise ValueError(

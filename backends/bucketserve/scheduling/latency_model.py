@@ -57,7 +57,7 @@ class BilinearLatencyModel:
             self._accumulate(self._prior_a, self._prior_b, _features(n, length), y, prior_weight)
         self._a, self._b = self._zeros()
         self.num_observations = 0
-        self._params = self._fit()
+        self._refit()
 
     @staticmethod
     def _zeros() -> tuple[list[list[float]], list[float]]:
@@ -87,15 +87,23 @@ class BilinearLatencyModel:
         self._b[:] = [v * self.forget for v in self._b]
         self._accumulate(self._a, self._b, _features(n, max_len), seconds, 1.0)
         self.num_observations += 1
+        self._refit()
+
+    def _refit(self) -> None:
         self._params = self._fit()
+        self._eff = tuple(p * s for p, s in zip(self._params, self._scale, strict=True))
 
     def predict(self, n: int, max_len: int) -> float:
         """Predicted seconds for a batch of n prompts, the longest max_len tokens."""
-        x = _features(n, max_len)
-        t = sum(p * xi * si for p, xi, si in zip(self._params, x, self._scale, strict=True))
-        return max(t, 1e-4)
+        p1, p2, p3, p4 = self._eff
+        return max(p1 * n * max_len + p2 * n + p3 * max_len + p4, 1e-4)
+
+    def single(self) -> tuple[float, float]:
+        """(a, b) with predict(1, L) = a + b * L (before the floor): one-request batches."""
+        p1, p2, p3, p4 = self._eff
+        return p2 + p4, p1 + p3
 
     @property
     def params(self) -> tuple[float, ...]:
         """(p1, p2, p3, p4) in seconds per N*L, per request, per token, per batch."""
-        return tuple(p * s for p, s in zip(self._params, self._scale, strict=True))
+        return self._eff

@@ -40,17 +40,20 @@ class DecodeLedger:
     def __init__(self) -> None:
         self._by_request: dict[str, Reservation] = {}
         self._reserved: dict[str, int] = {}
+        self._count: dict[str, int] = {}
         self._order: dict[str, deque[str]] = {}
 
     def reserve(self, res: Reservation) -> None:
         self._by_request[res.request_id] = res
         self._reserved[res.decode_id] = self._reserved.get(res.decode_id, 0) + res.blocks
+        self._count[res.decode_id] = self._count.get(res.decode_id, 0) + 1
         self._order.setdefault(res.decode_id, deque()).append(res.request_id)
 
     def release(self, request_id: str) -> Reservation | None:
         res = self._by_request.pop(request_id, None)
         if res is not None:
             self._reserved[res.decode_id] -= res.blocks
+            self._count[res.decode_id] -= 1
             order = self._order[res.decode_id]
             while order and order[0] not in self._by_request:
                 order.popleft()
@@ -64,7 +67,7 @@ class DecodeLedger:
         return self._reserved.get(decode_id, 0)
 
     def count(self, decode_id: str) -> int:
-        return sum(1 for r in self._order.get(decode_id, ()) if r in self._by_request)
+        return self._count.get(decode_id, 0)
 
     def batch_ids(self, decode_id: str) -> set[int]:
         return {

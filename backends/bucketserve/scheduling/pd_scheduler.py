@@ -47,7 +47,7 @@ class BucketServeScheduler(BaseScheduler):
     def _rebalance(self) -> None:
         n_max = self.controller.n_max(self.buckets.mean_len())
         if n_max is not None:
-            self.last_action = rebalance(self.buckets, n_max)
+            self.last_action = rebalance(self.buckets, n_max, cap=self.config.bucket_cap)
 
     def _on_add(self, meta: RequestMeta) -> None:
         self._rebalance()

@@ -48,25 +48,34 @@ class BucketServePlus(BaseScheduler):
     def _observe_latency(self, batch: PrefillBatch, duration_s: float) -> None:
         self.latency.observe(batch.size, batch.max_len, duration_s)
 
-    def _feasible(self, meta: RequestMeta, now: float) -> bool:
-        return now + self.latency.predict(1, meta.prompt_len) <= meta.ttft_deadline_s
+    def _split_head(
+        self, bucket: Bucket, now: float
+    ) -> tuple[list[RequestMeta], list[RequestMeta]]:
+        """The bucket's first edf_scan requests as (feasible by deadline, hopeless by arrival).
 
-    def _bucket_key(self, bucket: Bucket, now: float) -> tuple[int, float]:
-        """(0, earliest feasible deadline) or (1, oldest arrival) over the bucket's head."""
-        best: tuple[int, float] | None = None
+        Feasible: a batch of just this request, predicted by the fitted model, still meets its
+        TTFT deadline.
+        """
+        a, b = self.latency.single()
+        feasible, hopeless = [], []
         for meta in islice(bucket.requests.values(), self.config.edf_scan):
-            key = (0, meta.ttft_deadline_s) if self._feasible(meta, now) else (1, meta.arrival_s)
-            if best is None or key < best:
-                best = key
-        return best if best is not None else (2, 0.0)
+            ok = now + max(a + b * meta.prompt_len, 1e-4) <= meta.ttft_deadline_s
+            (feasible if ok else hopeless).append(meta)
+        feasible.sort(key=lambda m: m.ttft_deadline_s)
+        return feasible, hopeless
 
     def _preferred(self, now: float) -> Ordered:
-        bucket = min(self.buckets.buckets, key=lambda b: self._bucket_key(b, now))
-        head = list(islice(bucket.requests.values(), self.config.edf_scan))
-        feasible = sorted(
-            (m for m in head if self._feasible(m, now)), key=lambda m: m.ttft_deadline_s
-        )
-        hopeless = [m for m in head if not self._feasible(m, now)]
+        """The bucket with the earliest feasible deadline (else the oldest request) goes next."""
+        best = None
+        for bucket in self.buckets.buckets:
+            if not bucket.requests:
+                continue
+            feasible, hopeless = self._split_head(bucket, now)
+            key = (0, feasible[0].ttft_deadline_s) if feasible else (1, hopeless[0].arrival_s)
+            if best is None or key < best[0]:
+                best = (key, bucket, feasible, hopeless)
+        assert best is not None, "called with an empty queue"
+        _, bucket, feasible, hopeless = best
         return [*feasible, *hopeless], (bucket.low, bucket.high)
 
     def _take(

@@ -1,1 +1,3 @@
-"""BucketServe: bucket-based dynamic batching with prefill/decode disaggregation on Triton."""
+"""Discrete-event simulator driving the real schedulers (bucketserve.scheduling) against a
+latency model: `bucketserve.sim.cli.main` (`bucketserve simulate`) and
+`python -m bucketserve.sim.reproduce` (paper-scale reproduction)."""

@@ -1,7 +1,8 @@
 """`bucketserve simulate`: sweep policies x request rates in the discrete-event simulator.
 
-Defaults (Llama-2-13B on 4 x A100-40GB, roofline latency, Mixed and Alpaca, 300 requests,
-all five policies) finish in well under a minute on two cores and are deterministic per seed.
+Defaults (Llama-2-13B on 4 x A100-40GB, roofline latency, Mixed and Alpaca, 60 s of arrivals
+and at least 300 requests per run, all five policies) finish in well under a minute on two
+cores and are deterministic per seed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from bucketserve.sim.report import format_goodput, format_table, goodput_rows, p
 from bucketserve.sim.runner import Sweep, expand_policies, parse_rates
 from bucketserve.sim.workload import ARRIVALS, WORKLOADS, WorkloadSpec
 
-DEFAULT_RATES = "1,2,4,6,8,10,12,16,20,24"
+DEFAULT_RATES = "1,2,4,6,8,12,16,24"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rates", default=DEFAULT_RATES, help="comma-separated request rates (req/s)")
     p.add_argument("--num-requests", type=int, default=300)
     p.add_argument(
-        "--duration", type=float, default=None, help="at least rate x duration requests per run"
+        "--duration",
+        type=float,
+        default=60.0,
+        help="at least rate x duration requests per run (0: off)",
     )
     p.add_argument("--out", type=Path, default=None, help="directory for CSV and PNG files")
     p.add_argument("--arrival", choices=ARRIVALS, default="poisson")
@@ -47,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--long-fraction", type=float, default=0.1, help="Mixed: share of LongBench-like requests"
     )
     p.add_argument("--slo-class", choices=("online", "offline"), default="online")
+    add_cluster_args(p)
+    return p
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """Model, GPU, instance counts and the latency model."""
     p.add_argument("--model", choices=sorted(MODELS), default="llama-2-13b")
     p.add_argument("--gpu", choices=sorted(GPUS), default="a100-40gb")
     p.add_argument("--tp", type=int, default=1)
@@ -61,7 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--latency-jsonl", type=Path, default=None, help="fit latency to engine_bench JSON lines"
     )
     p.add_argument("--impl", default=None, help="engine_bench 'impl' to fit (with --latency-jsonl)")
-    return p
 
 
 def build_sweeps(args: argparse.Namespace) -> list[Sweep]:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from bucketserve.sim.simulator import SimOutcome
+from bucketserve.sim.outcome import SimOutcome
 from bucketserve.sim.workload import SimRequest
 
 
@@ -36,6 +36,7 @@ class RunMetrics:
     num_requests: int
     finished: int
     attainment: float
+    long_attainment: float  # among LongBench-like ("summarization") requests; nan if none
     ttft_attainment: float
     tpot_attainment: float
     throughput_tok_s: float
@@ -58,6 +59,11 @@ class RunMetrics:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _share(flags) -> float:
+    flags = list(flags)
+    return sum(flags) / len(flags) if flags else math.nan
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -95,6 +101,7 @@ def summarize(out: SimOutcome, workload: str, rate: float) -> RunMetrics:
     return RunMetrics(
         policy=out.policy, workload=workload, rate=rate, num_requests=n, finished=len(done),
         attainment=sum(meets_slo(r) for r in reqs) / n,
+        long_attainment=_share(meets_slo(r) for r in reqs if r.meta.task_type == "summarization"),
         ttft_attainment=sum(t <= r.meta.ttft_slo_s for t, r in zip(ttfts, done, strict=True)) / n,
         tpot_attainment=sum(t <= r.meta.tpot_slo_s for t, r in zip(tpots, done, strict=True)) / n,
         throughput_tok_s=sum(r.output_len for r in done) / span, served_rate=served_rate(reqs),

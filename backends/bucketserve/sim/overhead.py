@@ -6,9 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bucketserve.sim.simulator import SimOutcome
-
-GROUPS = ((1, 1), (2, 4), (5, 8), (9, 10**9))
+from bucketserve.sim.outcome import SimOutcome
 
 
 @dataclass(slots=True)
@@ -30,11 +28,11 @@ def measure(out: SimOutcome, rate: float) -> Overhead:
     us = np.asarray(out.decision_s) * 1e6
     nb = np.asarray(out.decision_buckets)
     by_mean, by_count = {}, {}
-    for lo, hi in GROUPS:
-        sel = us[(nb >= lo) & (nb <= hi)]
-        key = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi < 10**9 else f">={lo}")
-        by_count[key] = int(sel.size)
-        by_mean[key] = float(sel.mean()) if sel.size else float("nan")
+    for key, sel in [(str(k), nb == k) for k in sorted(set(nb[nb <= 8].tolist()))] + [
+        (">8", nb > 8)
+    ]:
+        by_count[key] = int(sel.sum())
+        by_mean[key] = float(us[sel].mean()) if sel.any() else float("nan")
     busy = out.prefill_busy_s + out.decode_busy_s
     start = min(r.meta.arrival_s for r in out.requests)
     end = max(r.finish_s for r in out.requests)

@@ -10,35 +10,16 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
 from time import perf_counter
 
 from bucketserve.scheduling import ClusterView, PrefillBatch, SchedulerConfig, make_scheduler
 from bucketserve.sim.cluster import ClusterSpec
 from bucketserve.sim.decode_worker import DecodeWorker, Seq
+from bucketserve.sim.outcome import SimOutcome
 from bucketserve.sim.workers import PrefillWorker, StaticWorker
 from bucketserve.sim.workload import SimRequest
 
 MAX_EVENTS = 20_000_000
-
-
-@dataclass(slots=True)
-class SimOutcome:
-    """Everything a run produced (requests carry their own timestamps)."""
-
-    policy: str
-    mode: str
-    requests: list[SimRequest]
-    decision_s: list[float] = field(default_factory=list)
-    batch_decision_s: list[float] = field(default_factory=list)
-    batches: list[PrefillBatch] = field(default_factory=list)
-    prefill_busy_s: float = 0.0
-    decode_busy_s: float = 0.0
-    preemptions: int = 0
-    num_gpus: int = 1
-    snapshot: dict = field(default_factory=dict)
-    max_buckets: int = 1
-    decision_buckets: list[int] = field(default_factory=list)
 
 
 class Simulator:

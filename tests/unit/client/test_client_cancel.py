@@ -139,3 +139,21 @@ def test_async_error_becomes_generation_error(server):
 
     with pytest.raises(GenerationError, match="text_input is required"):
         asyncio.run(run())
+
+
+def test_cancelling_ends_the_request_iterator_first():
+    import queue
+
+    class Stream:
+        _request_queue = queue.Queue()
+
+    class Grpc:
+        _stream = Stream()
+
+        def stop_stream(self, cancel_requests):
+            assert Stream._request_queue.get_nowait() is None  # grpc's sender thread can exit
+            self.cancelled = cancel_requests
+
+    grpc = Grpc()
+    client_module.stop_stream(grpc, cancel=True)
+    assert grpc.cancelled

@@ -77,3 +77,10 @@ def test_recursive_split_terminates():
     fill(mgr, [1] * 6)
     rebalance(mgr, n_max=1)  # [0,8) -> [0,4) -> [0,2); [0,2) has none below 1: stop
     assert mgr.boundaries() == [(0, 2), (2, 4), (4, 8)]
+
+
+def test_optional_cap_stops_splitting():
+    mgr = BucketManager(4096)
+    fill(mgr, [100, 200, 300, 400, 500, 3000])
+    assert rebalance(mgr, n_max=4, cap=2) == "split"
+    assert mgr.boundaries() == [(0, 2048), (2048, 4096)]

@@ -10,7 +10,7 @@ from bucketserve.sim.cli import main
 def test_cli_writes_table_csv_and_plots(tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["--workload", "mixed", "--workload", "alpaca", "--policy", "all", "--rates", "2,8",
-            "--num-requests", "40", "--seed", "3", "--out", str(out)]  # fmt: skip
+            "--num-requests", "40", "--duration", "0", "--seed", "3", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "bucketserve+" in text and "goodput@90" in text

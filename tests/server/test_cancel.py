@@ -1,0 +1,134 @@
+"""Cancelling long generations mid-stream stops decoding and returns every KV block."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+
+from .helpers import kv_blocks, wait_all_blocks_free
+
+pytestmark = pytest.mark.server
+
+N = 16
+LONG = 512  # min_tokens = max_tokens: these would run for minutes on the CPU if not stopped
+RETURN_BOUND_S = 5.0  # generous: the measured time is printed (target: under a second)
+
+
+def inputs(text: str, stream: bool = True, stop: bool = False) -> list:
+    values = [("text_input", np.array([text.encode()], dtype=np.object_), "BYTES"),
+              ("max_tokens", np.int32([LONG]), "INT32"), ("min_tokens", np.int32([LONG]), "INT32"),
+              ("stream", np.bool_([stream]), "BOOL"), ("stop", np.bool_([stop]), "BOOL")]
+    out = []
+    for name, arr, dtype in values:
+        t = grpcclient.InferInput(name, [1], dtype)
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+class Collector:
+    """gRPC stream callback: counts responses per request id, records finals and errors."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.finals: dict[str, str] = {}
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, result, error) -> None:
+        with self.lock:
+            if error is not None:
+                self.errors.append(str(error))
+                return
+            resp = result.get_response()
+            self.counts[resp.id] = self.counts.get(resp.id, 0) + 1
+            if resp.parameters["triton_final_response"].bool_param:
+                reason = result.as_numpy("finish_reason") if resp.outputs else None
+                self.finals[resp.id] = reason[0].decode() if reason is not None else ""
+
+    def wait_started(self, ids: list[str], timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if all(self.counts.get(i, 0) >= 2 for i in ids):
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"streams did not start: {self.counts}")
+
+
+def start_streams(server, model: str) -> tuple[grpcclient.InferenceServerClient, Collector, list[str]]:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    col = Collector()
+    client.start_stream(callback=col)
+    ids = [f"cancel-{uuid.uuid4().hex[:8]}" for _ in range(N)]
+    for i, rid in enumerate(ids):
+        client.async_stream_infer(model, inputs(f"Tell a long story number {i}."), request_id=rid,
+                                  enable_empty_final_response=True)
+    col.wait_started(ids)
+    return client, col, ids
+
+
+def assert_blocks_return(server, label: str) -> None:
+    waited, blocks = wait_all_blocks_free(server, timeout_s=RETURN_BOUND_S)
+    print(f"{label}: all KV blocks free {waited:.2f}s after cancelling {N} streams: {blocks}")
+    assert all(free == total for free, total in blocks.values()), blocks
+
+
+def test_grpc_cancel_on_bls(server):
+    client, col, _ = start_streams(server, "bucketserve_bls")
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    assert_blocks_return(server, "gRPC cancel (bucketserve_bls)")
+
+
+def test_http_disconnect_on_bls(server):
+    url = f"http://{server.http_url}/v2/models/bucketserve_bls/generate_stream"
+    started = threading.Barrier(N + 1, timeout=300)
+    release = threading.Event()
+
+    def one(i: int) -> None:
+        payload = {"text_input": f"Tell a long story number {i}.", "max_tokens": LONG,
+                   "min_tokens": LONG, "stream": True}
+        with requests.post(url, json=payload, stream=True, timeout=300) as r:
+            lines = r.iter_lines()
+            while not next(lines).startswith(b"data: "):
+                pass
+            started.wait()
+            release.wait(300)
+        # leaving the with-block closes the connection: Triton cancels the request
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(N)]
+    for t in threads:
+        t.start()
+    started.wait()
+    release.set()
+    for t in threads:
+        t.join()
+    assert_blocks_return(server, "HTTP disconnect (bucketserve_bls)")
+
+
+def test_stop_request_on_ensemble(server):
+    client, col, ids = start_streams(server, "bucketserve")
+    for rid in ids:
+        client.async_stream_infer("bucketserve", inputs("stop", stop=True), request_id=rid,
+                                  enable_empty_final_response=True)
+    assert_blocks_return(server, "stop request (ensemble)")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and list(col.finals.values()).count("cancelled") < 2 * N:
+        time.sleep(0.05)
+    client.stop_stream()
+    client.close()
+    assert not col.errors, col.errors
+    # each id saw two FINALs: the stopped stream (cancelled) and the stop request itself
+    assert list(col.finals.values()).count("cancelled") >= N, col.finals
+
+
+def test_blocks_total_unchanged(server):
+    blocks = kv_blocks(server)
+    assert all(total > 0 for _, total in blocks.values()), blocks
