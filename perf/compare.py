@@ -15,6 +15,7 @@ import datetime
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -54,8 +55,8 @@ class Preset:
 SMOKE = Preset(
     input_cap=512,
     rates=(0.2, 0.4, 0.8),
-    duration_s=12.0,
-    drain_s=12.0,
+    duration_s=10.0,
+    drain_s=8.0,
     max_requests=40,
     warmup=2,
     fixed_concurrency=2,
@@ -155,6 +156,7 @@ def git_commit() -> str:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     pre = resolve_preset(a)
+    signal.signal(signal.SIGTERM, _exit_on_term)  # stop the running server cleanly
     t_start = time.perf_counter()
     date = datetime.date.today().isoformat()
     out = (
@@ -186,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     write_report(out / "report.md", ctx, results, fixed, write_all(results, out), abl_notes)
     print(f"report: {out / 'report.md'} ({ctx['wall_s']:.0f} s)")
     return 0
+
+
+def _exit_on_term(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def fixed_load_hook(reqs, pre: Preset, out: Path):

@@ -42,7 +42,9 @@ def test_prefill_and_decode_in_separate_processes(model_dir, references):
             for i, (seq, token) in enumerate(zip(seqs, first_tokens, strict=True)):
                 block_ids = bm.detach(seq)  # pending until the decode side acks
                 handoff_id = table.publish(block_ids, now=time.monotonic())
-                batch.append((start + i, seq.token_ids, token, block_ids, handoff_id, seq.sampling_params))
+                batch.append(
+                    (start + i, seq.token_ids, token, block_ids, handoff_id, seq.sampling_params)
+                )
             jobs.put(batch)
             bm.free(table.reclaim(now=time.monotonic()))
         jobs.put(None)

@@ -46,7 +46,9 @@ def test_prefill_and_decode_logits_match_transformers(runner, references):
     for seq in seqs:
         bm.allocate_for(seq)
     logits = runner.prefill_logits(seqs)  # every prompt in one packed batch
-    errors = {r.prompt.name: rel_err(row, r.logits[0]) for r, row in zip(references, logits, strict=True)}
+    errors = {
+        r.prompt.name: rel_err(row, r.logits[0]) for r, row in zip(references, logits, strict=True)
+    }
     for step in range(1, NUM_LOGIT_STEPS):
         active = [(r, s) for r, s in zip(references, seqs, strict=True) if len(r.logits) > step]
         for ref, seq in active:

@@ -17,8 +17,15 @@ def free_port() -> int:
 
 def start_server(tmp_path_factory, **overrides) -> TritonServer:
     run_dir = tmp_path_factory.mktemp("run")
-    cfg = ServeConfig(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                      run_dir=str(run_dir), kv_cache_gb=0.5, max_model_len=2048, **overrides)
+    cfg = ServeConfig(
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        run_dir=str(run_dir),
+        kv_cache_gb=0.5,
+        max_model_len=2048,
+        **overrides,
+    )
     server = TritonServer(cfg)
     server.start()
     try:

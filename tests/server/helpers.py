@@ -11,16 +11,26 @@ import requests
 KV_RE = re.compile(r'^bucketserve_kv_blocks_(free|total)\{instance="(\w+)"\} (\S+)$', re.M)
 
 
-def generate(server, payload: dict, model: str = "bucketserve", timeout: float = 120) -> requests.Response:
-    return requests.post(f"http://{server.http_url}/v2/models/{model}/generate", json=payload, timeout=timeout)
+def generate(
+    server, payload: dict, model: str = "bucketserve", timeout: float = 120
+) -> requests.Response:
+    return requests.post(
+        f"http://{server.http_url}/v2/models/{model}/generate", json=payload, timeout=timeout
+    )
 
 
-def stream_events(server, payload: dict, model: str = "bucketserve", timeout: float = 120) -> list[dict]:
+def stream_events(
+    server, payload: dict, model: str = "bucketserve", timeout: float = 120
+) -> list[dict]:
     """All SSE events of one generate_stream call, parsed."""
     url = f"http://{server.http_url}/v2/models/{model}/generate_stream"
     with requests.post(url, json={**payload, "stream": True}, timeout=timeout, stream=True) as r:
         r.raise_for_status()
-        return [json.loads(line[len(b"data: "):]) for line in r.iter_lines() if line.startswith(b"data: ")]
+        return [
+            json.loads(line[len(b"data: ") :])
+            for line in r.iter_lines()
+            if line.startswith(b"data: ")
+        ]
 
 
 def kv_blocks(server) -> dict[str, tuple[int, int]]:

@@ -21,9 +21,13 @@ RETURN_BOUND_S = 5.0  # generous: the measured time is printed (target: under a 
 
 
 def inputs(text: str, stream: bool = True, stop: bool = False) -> list:
-    values = [("text_input", np.array([text.encode()], dtype=np.object_), "BYTES"),
-              ("max_tokens", np.int32([LONG]), "INT32"), ("min_tokens", np.int32([LONG]), "INT32"),
-              ("stream", np.bool_([stream]), "BOOL"), ("stop", np.bool_([stop]), "BOOL")]
+    values = [
+        ("text_input", np.array([text.encode()], dtype=np.object_), "BYTES"),
+        ("max_tokens", np.int32([LONG]), "INT32"),
+        ("min_tokens", np.int32([LONG]), "INT32"),
+        ("stream", np.bool_([stream]), "BOOL"),
+        ("stop", np.bool_([stop]), "BOOL"),
+    ]
     out = []
     for name, arr, dtype in values:
         t = grpcclient.InferInput(name, [1], dtype)
@@ -37,7 +41,7 @@ class Collector:
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
-        self.finals: dict[str, str] = {}
+        self.finals: list[tuple[str, str]] = []  # (request id, finish reason)
         self.errors: list[str] = []
         self.lock = threading.Lock()
 
@@ -50,7 +54,7 @@ class Collector:
             self.counts[resp.id] = self.counts.get(resp.id, 0) + 1
             if resp.parameters["triton_final_response"].bool_param:
                 reason = result.as_numpy("finish_reason") if resp.outputs else None
-                self.finals[resp.id] = reason[0].decode() if reason is not None else ""
+                self.finals.append((resp.id, reason[0].decode() if reason is not None else ""))
 
     def wait_started(self, ids: list[str], timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -62,14 +66,20 @@ class Collector:
         raise AssertionError(f"streams did not start: {self.counts}")
 
 
-def start_streams(server, model: str) -> tuple[grpcclient.InferenceServerClient, Collector, list[str]]:
+def start_streams(
+    server, model: str
+) -> tuple[grpcclient.InferenceServerClient, Collector, list[str]]:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     col = Collector()
     client.start_stream(callback=col)
     ids = [f"cancel-{uuid.uuid4().hex[:8]}" for _ in range(N)]
     for i, rid in enumerate(ids):
-        client.async_stream_infer(model, inputs(f"Tell a long story number {i}."), request_id=rid,
-                                  enable_empty_final_response=True)
+        client.async_stream_infer(
+            model,
+            inputs(f"Tell a long story number {i}."),
+            request_id=rid,
+            enable_empty_final_response=True,
+        )
     col.wait_started(ids)
     return client, col, ids
 
@@ -93,8 +103,12 @@ def test_http_disconnect_on_bls(server):
     release = threading.Event()
 
     def one(i: int) -> None:
-        payload = {"text_input": f"Tell a long story number {i}.", "max_tokens": LONG,
-                   "min_tokens": LONG, "stream": True}
+        payload = {
+            "text_input": f"Tell a long story number {i}.",
+            "max_tokens": LONG,
+            "min_tokens": LONG,
+            "stream": True,
+        }
         with requests.post(url, json=payload, stream=True, timeout=300) as r:
             lines = r.iter_lines()
             while not next(lines).startswith(b"data: "):
@@ -116,17 +130,22 @@ def test_http_disconnect_on_bls(server):
 def test_stop_request_on_ensemble(server):
     client, col, ids = start_streams(server, "bucketserve")
     for rid in ids:
-        client.async_stream_infer("bucketserve", inputs("stop", stop=True), request_id=rid,
-                                  enable_empty_final_response=True)
+        client.async_stream_infer(
+            "bucketserve",
+            inputs("stop", stop=True),
+            request_id=rid,
+            enable_empty_final_response=True,
+        )
     assert_blocks_return(server, "stop request (ensemble)")
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and list(col.finals.values()).count("cancelled") < 2 * N:
+    while time.monotonic() < deadline and len(col.finals) < 2 * N:
         time.sleep(0.05)
     client.stop_stream()
     client.close()
     assert not col.errors, col.errors
-    # each id saw two FINALs: the stopped stream (cancelled) and the stop request itself
-    assert list(col.finals.values()).count("cancelled") >= N, col.finals
+    # each id saw two FINALs: the stopped stream and the stop request itself, both "cancelled"
+    assert sorted(rid for rid, _ in col.finals) == sorted(ids * 2), col.finals
+    assert all(reason == "cancelled" for _, reason in col.finals), col.finals
 
 
 def test_blocks_total_unchanged(server):

@@ -44,21 +44,29 @@ def grpc_call(server, inputs: list, model: str = "bucketserve") -> tuple[list, l
 
 def tensor(name: str, value, dtype: str, shape=(1,)):
     t = grpcclient.InferInput(name, list(shape), dtype)
-    t.set_data_from_numpy(np.asarray(value, dtype=np.object_ if dtype == "BYTES" else None).reshape(shape))
+    t.set_data_from_numpy(
+        np.asarray(value, dtype=np.object_ if dtype == "BYTES" else None).reshape(shape)
+    )
     return t
 
 
 @pytest.mark.parametrize("model", ["bucketserve", "bucketserve_bls"])
-@pytest.mark.parametrize("payload, expected", [
-    ({"text_input": "", "max_tokens": 4}, "text_input must not be empty"),
-    ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be >= 1"),
-    ({"text_input": "hi", "max_tokens": 5000}, "max_tokens=5000 exceeds the context"),
-    ({"text_input": "word " * 3000, "max_tokens": 4}, "the context is 2048 tokens"),
-    ({"text_input": "hi", "temperature": -1.0}, "temperature must be >= 0"),
-    ({"text_input": "hi", "top_p": 1.5}, "top_p must be in (0, 1]"),
-    ({"text_input": "hi", "max_tokens": 4, "min_tokens": 9}, "min_tokens must be in [0, max_tokens=4]"),
-    ({"text_input": "hi", "slo_class": "batchy"}, "slo_class must be one of"),
-])
+@pytest.mark.parametrize(
+    "payload, expected",
+    [
+        ({"text_input": "", "max_tokens": 4}, "text_input must not be empty"),
+        ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"text_input": "hi", "max_tokens": 5000}, "max_tokens=5000 exceeds the context"),
+        ({"text_input": "word " * 3000, "max_tokens": 4}, "the context is 2048 tokens"),
+        ({"text_input": "hi", "temperature": -1.0}, "temperature must be >= 0"),
+        ({"text_input": "hi", "top_p": 1.5}, "top_p must be in (0, 1]"),
+        (
+            {"text_input": "hi", "max_tokens": 4, "min_tokens": 9},
+            "min_tokens must be in [0, max_tokens=4]",
+        ),
+        ({"text_input": "hi", "slo_class": "batchy"}, "slo_class must be one of"),
+    ],
+)
 def test_bad_values_name_field_and_limit(server, model, payload, expected):
     r = generate(server, payload, model=model)
     assert r.status_code >= 400, r.text
@@ -73,23 +81,35 @@ def test_missing_text_input(server):
 
 
 def test_wrong_dtype(server):
-    _, errors = grpc_call(server, [tensor("text_input", [b"hi"], "BYTES"),
-                                   tensor("max_tokens", np.float32([4]), "FP32")])
+    _, errors = grpc_call(
+        server,
+        [tensor("text_input", [b"hi"], "BYTES"), tensor("max_tokens", np.float32([4]), "FP32")],
+    )
     assert errors and "max_tokens" in errors[0] and "INT32" in errors[0], errors
     assert generate(server, OK).status_code == 200
 
 
 def test_wrong_shape(server):
-    _, errors = grpc_call(server, [tensor("text_input", [b"hi"], "BYTES"),
-                                   tensor("max_tokens", np.int32([4, 5]), "INT32", shape=(2,))])
+    _, errors = grpc_call(
+        server,
+        [
+            tensor("text_input", [b"hi"], "BYTES"),
+            tensor("max_tokens", np.int32([4, 5]), "INT32", shape=(2,)),
+        ],
+    )
     assert errors and "max_tokens" in errors[0], errors
     assert generate(server, OK).status_code == 200
 
 
 def test_grpc_stream_ok_after_errors(server):
-    results, errors = grpc_call(server, [tensor("text_input", [b"What is 2+2?"], "BYTES"),
-                                         tensor("max_tokens", np.int32([6]), "INT32"),
-                                         tensor("stream", np.bool_([True]), "BOOL")])
+    results, errors = grpc_call(
+        server,
+        [
+            tensor("text_input", [b"What is 2+2?"], "BYTES"),
+            tensor("max_tokens", np.int32([6]), "INT32"),
+            tensor("stream", np.bool_([True]), "BOOL"),
+        ],
+    )
     assert not errors and len(results) >= 1
     assert results[-1].as_numpy("finish_reason")[0] in (b"stop", b"length")
 
@@ -97,7 +117,9 @@ def test_grpc_stream_ok_after_errors(server):
 def test_bad_sampling_parameters_json(server):
     r = generate(server, {"text_input": "hi", "sampling_parameters": "{not json"})
     assert r.status_code >= 400 and "sampling_parameters" in r.json()["error"]
-    r = generate(server, {"text_input": "hi", "sampling_parameters": '{"max_tokens": 3, "temperature": 0}'})
+    r = generate(
+        server, {"text_input": "hi", "sampling_parameters": '{"max_tokens": 3, "temperature": 0}'}
+    )
     assert r.status_code == 200 and r.json()["num_output_tokens"] <= 3
 
 

@@ -10,8 +10,12 @@ from .helpers import generate, kv_blocks, stream_events, wait_all_blocks_free
 
 pytestmark = pytest.mark.server
 
-CAPITAL = {"text_input": "What is the capital of France?", "max_tokens": 16, "temperature": 0.0,
-           "apply_chat_template": True}
+CAPITAL = {
+    "text_input": "What is the capital of France?",
+    "max_tokens": 16,
+    "temperature": 0.0,
+    "apply_chat_template": True,
+}
 
 
 @pytest.mark.parametrize("model", ["bucketserve", "bucketserve_bls"])
@@ -37,8 +41,15 @@ def test_generate_stream_sends_deltas(server):
 
 
 def test_echo_prompt_when_not_excluded(server):
-    out = generate(server, {"text_input": "Once upon a time", "max_tokens": 4, "temperature": 0.0,
-                            "exclude_input_in_output": False}).json()
+    out = generate(
+        server,
+        {
+            "text_input": "Once upon a time",
+            "max_tokens": 4,
+            "temperature": 0.0,
+            "exclude_input_in_output": False,
+        },
+    ).json()
     assert out["text_output"].startswith("Once upon a time")
 
 
@@ -49,8 +60,14 @@ def test_stop_words_cut_the_text(server):
 
 
 def test_seeded_sampling_is_reproducible(server):
-    req = {"text_input": "Write a word:", "max_tokens": 12, "temperature": 1.0, "top_k": 50,
-           "top_p": 0.9, "seed": 1234}
+    req = {
+        "text_input": "Write a word:",
+        "max_tokens": 12,
+        "temperature": 1.0,
+        "top_k": 50,
+        "top_p": 0.9,
+        "seed": 1234,
+    }
     a = generate(server, req).json()["text_output"]
     b = generate(server, req).json()["text_output"]
     assert a == b
@@ -60,8 +77,11 @@ def test_64_concurrent_streams_finish_and_free_every_block(server):
     prompts = [f"Count from {i} to {i + 5}:" for i in range(64)]
 
     def one(i: int) -> list[dict]:
-        return stream_events(server, {"text_input": prompts[i], "max_tokens": 24, "temperature": 0.0,
-                                      "min_tokens": 8}, timeout=600)
+        return stream_events(
+            server,
+            {"text_input": prompts[i], "max_tokens": 24, "temperature": 0.0, "min_tokens": 8},
+            timeout=600,
+        )
 
     with cf.ThreadPoolExecutor(64) as pool:
         results = list(pool.map(one, range(64)))

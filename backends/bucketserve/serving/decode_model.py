@@ -19,10 +19,12 @@ from bucketserve.serving.engine_glue import build_runner
 from bucketserve.serving.handoff import KIND_GENERATE, KIND_STOP, Handoff
 from bucketserve.serving.metrics import KvMetrics, RequestMetrics
 from bucketserve.serving.model_info import load_tokenizer, model_info
+from bucketserve.serving.notify import FinishNotifier, socket_path
 from bucketserve.serving.triton_io import bytes_tensor, instance_index, json_input, model_parameter
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 GAUGE_INTERVAL_S = 0.25
+EARLY_STOP_TTL_S = 60.0
 
 
 @dataclass(slots=True)
@@ -69,6 +71,8 @@ class DecodeModel:
         self.worker.publish()
         self.clients: dict[int, Client] = {}
         self.by_request_id: dict[str, int] = {}
+        self.early_stops: dict[str, float] = {}  # request id -> when its stop arrived
+        self.notifier = FinishNotifier(socket_path(cfg.run_dir, cfg.run_id))
         self.lock = threading.Lock()
         self.keys = itertools.count()
         self.kv_metrics = KvMetrics(self.name)
@@ -106,15 +110,26 @@ class DecodeModel:
 
     def start(self, sender, handoff: Handoff) -> None:
         key = next(self.keys)
+        rid = handoff.params.request_id
         with self.lock:
             self.clients[key] = Client(sender, handoff)
-            if handoff.params.request_id:
-                self.by_request_id[handoff.params.request_id] = key
+            if rid:
+                self.by_request_id[rid] = key
+            stopped_early = self.early_stops.pop(rid, None) is not None if rid else False
         self.worker.submit(key, handoff)
+        if stopped_early:
+            self.worker.cancel(key)
 
     def stop(self, request_id: str) -> None:
+        """Cancel a running request; a stop that overtakes its request (still in prefill) waits."""
         with self.lock:
             key = self.by_request_id.get(request_id)
+            if key is None and request_id:
+                now = time.monotonic()
+                self.early_stops = {
+                    r: t for r, t in self.early_stops.items() if now - t < EARLY_STOP_TTL_S
+                }
+                self.early_stops[request_id] = now
         if key is not None:
             self.worker.cancel(key)
 
@@ -187,6 +202,7 @@ class DecodeModel:
             self.clients.pop(d.key, None)
             if self.by_request_id.get(p.request_id) == d.key:
                 del self.by_request_id[p.request_id]
+        self.notifier.finished(client.handoff.sched_key, d.num_output_tokens)
         if d.error:
             client.sender.send(
                 pb_utils.InferenceResponse(error=pb_utils.TritonError(d.error)), flags=FINAL
@@ -225,6 +241,7 @@ class DecodeModel:
         self.threads[1].join()
         self.stats.close()
         self.stats.unlink()
+        self.notifier.close()
 
 
 def merge(items: list[Delta]) -> list[Delta]:

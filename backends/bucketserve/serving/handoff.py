@@ -26,6 +26,7 @@ class Handoff:
     handoff_id: int = -1
     block_ids: list[int] = field(default_factory=list)
     target: str = ""  # request id to stop (KIND_STOP)
+    sched_key: str = ""  # the scheduler's key, reported back when decode finishes
     arrival_s: float = 0.0  # wall-clock arrival at the scheduler (time.time())
     prefill_done_s: float = 0.0  # wall-clock end of prefill
 

@@ -31,7 +31,12 @@ class TritonServer:
 
     def __init__(self, cfg: ServeConfig) -> None:
         run_id = cfg.run_id or secrets.token_hex(3)
-        self.cfg = replace(cfg, run_id=run_id, model_dir=cfg.model_dir or prepare_model(cfg.model))
+        self.cfg = replace(
+            cfg,
+            run_id=run_id,
+            run_dir=str(cfg.run_path),
+            model_dir=cfg.model_dir or prepare_model(cfg.model),
+        )
         self.run_dir = self.cfg.run_path
         self.log_path = self.run_dir / "server.log"
         self.proc: subprocess.Popen | None = None

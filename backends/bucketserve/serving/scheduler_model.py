@@ -24,6 +24,7 @@ from bucketserve.serving.handoff import (
 )
 from bucketserve.serving.metrics import SchedulerMetrics
 from bucketserve.serving.model_info import model_info
+from bucketserve.serving.notify import FinishListener, socket_path
 from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter
 
 IDLE_WAIT_S = 0.005
@@ -70,8 +71,21 @@ class SchedulerModel:
         self.decision_s, self.next_metrics = 0.0, 0.0
         self.cond = threading.Condition()
         self.stopping = False
-        self.thread = threading.Thread(target=self.loop, name="scheduler-loop", daemon=True)
-        self.thread.start()
+        self.listener = FinishListener(
+            socket_path(self.cfg.run_dir, self.cfg.run_id), self.finished
+        )
+        self.threads = [
+            threading.Thread(target=self.loop, name="scheduler-loop", daemon=True),
+            threading.Thread(target=self.listener.serve, name="scheduler-notices", daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+
+    def finished(self, key: str, num_output_tokens: int) -> None:
+        """Decode reported the request done: release its decode-side reservation."""
+        with self.cond:
+            self.sched.on_request_finished(key, num_output_tokens)
+            self.cond.notify()
 
     def execute(self, requests: list) -> None:
         for request in requests:
@@ -155,6 +169,9 @@ class SchedulerModel:
         try:
             reply = self.prefill(items)
         except Exception as e:
+            with self.cond:
+                for meta in batch.requests:
+                    self.sched.on_request_finished(meta.request_id, 0)
             for item in items:
                 send_error(item.sender, str(e))
             return
@@ -163,7 +180,7 @@ class SchedulerModel:
             self.sched.on_batch_done(batch, duration)
         self.metrics.batch(len(items), batch.padding_ratio, duration)
         done = time.time()
-        for item, res in zip(items, reply.results, strict=True):
+        for item, res, meta in zip(items, reply.results, batch.requests, strict=True):
             send_handoff(
                 item.sender,
                 Handoff(
@@ -178,6 +195,7 @@ class SchedulerModel:
                     block_ids=res.block_ids,
                     arrival_s=item.arrival_s,
                     prefill_done_s=done,
+                    sched_key=meta.request_id,
                 ),
             )
 
@@ -207,7 +225,9 @@ class SchedulerModel:
             self.cond.notify_all()
             pending = list(self.waiting.values())
             self.waiting.clear()
-        self.thread.join()
+        self.listener.close()
+        for t in self.threads:
+            t.join()
         for item in pending:
             send_error(item.sender, "server shutting down")
         self.cluster.close()

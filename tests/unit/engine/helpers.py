@@ -16,9 +16,16 @@ TINY = dict(
 ARCHS = {
     "llama": dict(model_type="llama", rope_theta=10000.0),
     "llama3": dict(
-        model_type="llama", rope_theta=500000.0, tie_word_embeddings=True,
-        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                          high_freq_factor=4.0, original_max_position_embeddings=64),
+        model_type="llama",
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        ),
     ),  # fmt: skip
     "mistral": dict(model_type="mistral", sliding_window=None),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
@@ -31,7 +38,9 @@ def make_hf_checkpoint(arch: str, path) -> torch.nn.Module:
     fields = dict(TINY, **ARCHS[arch])
     config = AutoConfig.for_model(**fields)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation="sdpa"
+    )
     with torch.no_grad():  # random norms and biases exercise the weight mapping
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):

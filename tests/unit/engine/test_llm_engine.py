@@ -8,7 +8,9 @@ from bucketserve.engine.llm_engine import LLMEngine
 from bucketserve.engine.runner import ModelRunner
 from bucketserve.engine.sampling_params import SamplingParams
 
-PROMPTS = [[(7 * i + j) % 500 + 3 for j in range(n)] for i, n in enumerate((1, 5, 12, 3, 30, 8, 17))]
+PROMPTS = [
+    [(7 * i + j) % 500 + 3 for j in range(n)] for i, n in enumerate((1, 5, 12, 3, 30, 8, 17))
+]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 

@@ -18,7 +18,13 @@ PROMPTS = [list(range(10, 10 + n)) for n in (1, 3, 4, 5, 9, 16, 23)]
 def test_metadata(tiny_runner):
     r = tiny_runner
     mc = r.model_config
-    assert (mc.num_layers, mc.hidden_size, mc.num_heads, mc.num_kv_heads, mc.head_dim) == (2, 64, 4, 2, 16)
+    assert (mc.num_layers, mc.hidden_size, mc.num_heads, mc.num_kv_heads, mc.head_dim) == (
+        2,
+        64,
+        4,
+        2,
+        16,
+    )
     assert mc.vocab_size == 49152 and mc.eos_token_ids == (2,)
     assert mc.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
     assert r.attention_backend == "sdpa" and r.block_size == 4 and r.num_blocks == 96

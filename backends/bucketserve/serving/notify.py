@@ -1,0 +1,67 @@
+"""Decode -> scheduler: "request finished" notices over a Unix datagram socket (cheap, one-way).
+
+The scheduler's admission reserves decode blocks per request; it releases a reservation when
+decode reports the request done. Losing a notice only delays that release (the scheduling
+core also clears reservations of an idle decode instance), so sends never block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable
+
+RECV_TIMEOUT_S = 0.2
+
+
+def socket_path(run_dir: str, run_id: str) -> str:
+    return os.path.join(run_dir, f"sched-{run_id}.sock")
+
+
+class FinishNotifier:
+    """Decode side: fire-and-forget notices."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+
+    def finished(self, key: str, num_output_tokens: int) -> None:
+        try:
+            self.sock.sendto(json.dumps([key, num_output_tokens]).encode(), self.path)
+        except OSError:  # scheduler not listening (yet) or its buffer is full
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class FinishListener:
+    """Scheduler side: `serve()` runs in a thread and calls `on_finished(key, n)` per notice."""
+
+    def __init__(self, path: str, on_finished: Callable[[str, int], None]) -> None:
+        if os.path.exists(path):
+            os.unlink(path)
+        self.path, self.on_finished = path, on_finished
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(RECV_TIMEOUT_S)
+        self.closing = False
+
+    def serve(self) -> None:
+        while not self.closing:
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            key, n = json.loads(data)
+            self.on_finished(str(key), int(n))
+
+    def close(self) -> None:
+        self.closing = True
+        self.sock.close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
