@@ -81,7 +81,18 @@ def start_streams(
             enable_empty_final_response=True,
         )
     col.wait_started(ids)
+    assert_blocks_in_use(server)
     return client, col, ids
+
+
+def assert_blocks_in_use(server) -> None:
+    """The gauges must show the running streams' blocks, so a later "all free" is fresh."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if kv_blocks(server)["decode0"][0] < kv_blocks(server)["decode0"][1]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"decode blocks never showed in use: {kv_blocks(server)}")
 
 
 def assert_blocks_return(server, label: str) -> None:
@@ -121,6 +132,7 @@ def test_http_disconnect_on_bls(server):
     for t in threads:
         t.start()
     started.wait()
+    assert_blocks_in_use(server)
     release.set()
     for t in threads:
         t.join()
