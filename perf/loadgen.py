@@ -224,17 +224,17 @@ async def run_closed_loop(
 
 
 def warm_up(reqs: list[BenchRequest], cfg: LoadConfig, n: int = 4, concurrency: int = 2) -> None:
-    """Untimed: a few requests so lazy initialisation is not measured."""
+    """Untimed: a few requests so lazy initialisation is not measured; bounded by cfg.drain_s."""
     wcfg = LoadConfig(
         cfg.url,
         cfg.model,
-        duration_s=600.0,
+        duration_s=0.1,  # the first `concurrency` requests go out at once, then no more
         max_requests=n,
         drain_s=cfg.drain_s,
         temperature=cfg.temperature,
         seed=cfg.seed,
     )
-    records = asyncio.run(run_closed_loop(reqs, concurrency, wcfg))
+    records = asyncio.run(run_closed_loop(reqs, min(concurrency, n), wcfg))
     failed = [r.error for r in records if not r.ok]
     if failed:
         raise RuntimeError(f"warm-up failed: {failed[0]}")

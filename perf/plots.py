@@ -42,7 +42,7 @@ def throughput_plot(results: list[SweepResult], path: Path) -> None:
     for res in results:
         x, y = _by_rate(res, "served_rate")
         a1.plot(x, y, marker="o", label=res.target.label)
-        top = max(top, *x)
+        top = max([top, *x])
         x, y = _by_rate(res, "output_tok_s")
         a2.plot(x, y, marker="o", label=res.target.label)
     a1.plot([0, top], [0, top], color="grey", lw=0.8, ls="--", label="served = offered")

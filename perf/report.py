@@ -37,10 +37,10 @@ def goodput_rows(results: list[SweepResult]) -> list[dict]:
         att = [s.attainment for s in res.summaries]
         row = {"target": res.target.label}
         for t in GOODPUT_TARGETS:
-            g = goodput(rates, att, t)
-            row[f"goodput_{int(t * 100)}"] = g.rate
-            row[f"kind_{int(t * 100)}"] = g.kind
-            row[f"label_{int(t * 100)}"] = g.label()
+            g = goodput(rates, att, t) if rates else None
+            row[f"goodput_{int(t * 100)}"] = g.rate if g else None
+            row[f"kind_{int(t * 100)}"] = g.kind if g else "not measured"
+            row[f"label_{int(t * 100)}"] = g.label() if g else "not measured"
         rows.append(row)
     return rows
 
@@ -103,6 +103,10 @@ def write_report(
     rows = goodput_rows(results)
     write_goodput_csv(rows, path.parent / "goodput.csv")
     lines = header_section(ctx, results)
+    failed = [r for r in results if r.error]
+    if failed:
+        lines += ["## Failures", ""]
+        lines += [f"* `{r.target.label}` stopped early: `{r.error}`" for r in failed] + [""]
     lines += ["## Results per rate", "", *results_table(results), ""]
     lines += [
         "## Goodput",

@@ -18,6 +18,7 @@ from records import RequestRecord, write_jsonl
 from workloads import BenchRequest
 
 IDLE_TIMEOUT_S = 60.0  # after each rate: wait for the server to drain before the next one
+WARMUP_TIMEOUT_S = 90.0
 
 
 @dataclass(slots=True)
@@ -50,6 +51,7 @@ class SweepResult:
     records: dict[float, list[RequestRecord]]
     start_s: float
     extra: object = None  # what the `after` hook of run_sweep returned
+    error: str = ""  # why the sweep stopped early (server start, warm-up), "" when complete
 
 
 def free_port() -> int:
@@ -115,29 +117,42 @@ def run_sweep(
     out: Path,
     after: Callable[[object], object] | None = None,
 ) -> SweepResult:
-    """Start the server, warm up untimed, measure each rate, run `after(server)`, stop."""
+    """Start the server, warm up untimed, measure each rate, run `after(server)`, stop.
+
+    A failure (server start, warm-up, a run) ends this target's sweep and is recorded in
+    `error`; the comparison goes on with the next target.
+    """
     t_start = time.perf_counter()
     result = SweepResult(target, [], {}, 0.0)
-    srv = server_for(target, plan, out / "run")
-    with srv:
-        result.start_s = time.perf_counter() - t_start
-        print(f"[{target.label}] server ready in {result.start_s:.0f} s", flush=True)
-        warm = warm_up_requests(reqs, plan.warmup_requests)
-        warm_up(warm, LoadConfig(url=srv.grpc_url, drain_s=120.0), n=len(warm))
-        for rate in plan.rates:
-            s, records = measure_rate(srv, reqs, unit_times, rate, plan, target.label)
-            write_jsonl(records, out / "requests" / f"{target.label}_rate{rate:g}.jsonl")
-            result.summaries.append(s)
-            result.records[rate] = records
-            print(
-                f"[{target.label}] rate {rate:g}/s: sent {s.sent}, ok {s.ok}, attain "
-                f"{s.attainment:.0%}, served {s.served_rate:.2f}/s, TTFT p50 "
-                f"{_fmt(s.ttft_p50)} s, TPOT p50 {_fmt(s.tpot_p50)} s",
-                flush=True,
-            )
-        if after is not None:
-            result.extra = after(srv)
+    try:
+        with server_for(target, plan, out / "run") as srv:
+            result.start_s = time.perf_counter() - t_start
+            print(f"[{target.label}] server ready in {result.start_s:.0f} s", flush=True)
+            warm = warm_up_requests(reqs, plan.warmup_requests)
+            warm_up(warm, LoadConfig(url=srv.grpc_url, drain_s=WARMUP_TIMEOUT_S), n=len(warm))
+            _measure_rates(srv, result, reqs, unit_times, plan, out)
+            if after is not None:
+                result.extra = after(srv)
+    except Exception as e:
+        result.error = f"{type(e).__name__}: {str(e)[-600:]}"
+        print(f"[{target.label}] FAILED: {result.error}", flush=True)
     return result
+
+
+def _measure_rates(srv, result: SweepResult, reqs, unit_times, plan: SweepPlan, out: Path) -> None:
+    label = result.target.label
+    for rate in plan.rates:
+        s, records = measure_rate(srv, reqs, unit_times, rate, plan, label)
+        write_jsonl(records, out / "requests" / f"{label}_rate{rate:g}.jsonl")
+        result.summaries.append(s)
+        result.records[rate] = records
+        print(
+            f"[{label}] rate {rate:g}/s: sent {s.sent}, ok {s.ok}, attain "
+            f"{s.attainment:.0%}, served {s.served_rate:.2f}/s, TTFT p50 "
+            f"{_fmt(s.ttft_p50)} s, TPOT p50 {_fmt(s.tpot_p50)} s, idle after "
+            f"{_fmt(s.idle_wait_s)} s",
+            flush=True,
+        )
 
 
 def _fmt(x: float | None) -> str:

@@ -14,6 +14,9 @@ def build_runner(cfg: ServeConfig, device: str, pool_name: str):
     from bucketserve.engine.runner import ModelRunner
 
     optional = {"kv_cache_gb": cfg.kv_cache_gb} if cfg.kv_cache_gb is not None else {}
+    if device.startswith("cuda"):  # instances sharing a GPU split its free memory
+        sharing = (cfg.prefill_devices + cfg.decode_devices).count(device)
+        optional["gpu_memory_utilization"] = round(0.9 / sharing, 3)
     ecfg = EngineConfig(
         model=cfg.model_dir,
         device=device,
