@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
-import shlex
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -24,9 +20,11 @@ from pathlib import Path
 
 from ablations import ablation_targets
 from arrivals import Arrivals, load_trace
+from autorates import AutoRates
 from fixed_load import run_fixed_load
 from plots import write_all
 from report import write_report, write_summary_csv
+from runinfo import context, machine_name
 from sweep import SweepPlan, Target, run_sweep
 from textsource import TextSource, load_tokenizer
 from workloads import build_requests, requests_from_lengths, source, workload
@@ -43,7 +41,8 @@ class Preset:
     workload: str = "mixed"
     profile: str = "cpu"
     input_cap: int = 1500
-    rates: tuple[float, ...] = (0.25, 0.5, 1.0, 1.5, 2.0)
+    rates: tuple[float, ...] = (0.25, 0.5, 1.0, 1.5, 2.0)  # (): fractions of a probed capacity
+    rate_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
     duration_s: float = 120.0
     drain_s: float = 120.0
     max_requests: int = 400
@@ -54,13 +53,14 @@ class Preset:
 
 SMOKE = Preset(
     input_cap=512,
-    rates=(0.2, 0.4, 0.8),
-    duration_s=10.0,
+    rates=(),
+    rate_fractions=(0.5, 1.0, 1.5),
+    duration_s=12.0,
     drain_s=8.0,
     max_requests=40,
     warmup=2,
     fixed_concurrency=2,
-    fixed_requests=6,
+    fixed_requests=10,
 )
 SLO_BASIS = (
     "The paper states no SLO values; the `paper` profile uses DistServe's (chat 13B-class "
@@ -82,7 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--trace", help="CSV timestamp,input_length,output_length (with --arrival trace)"
     )
-    p.add_argument("--rates", help="comma-separated request rates (req/s)")
+    p.add_argument("--rates", help="comma-separated request rates (req/s), or 'auto'")
+    p.add_argument("--rate-fractions", help="with --rates auto: fractions of probed capacity")
     p.add_argument("--duration", type=float, help="send window per rate (s)")
     p.add_argument("--drain", type=float, help="wait for running requests after it (s)")
     p.add_argument("--max-requests", type=int)
@@ -102,7 +103,8 @@ def resolve_preset(a: argparse.Namespace) -> Preset:
         "workload": a.workload,
         "profile": a.profile,
         "input_cap": a.input_cap,
-        "rates": tuple(float(r) for r in a.rates.split(",")) if a.rates else None,
+        "rates": _floats(a.rates) if a.rates else None,
+        "rate_fractions": _floats(a.rate_fractions) if a.rate_fractions else None,
         "duration_s": a.duration,
         "drain_s": a.drain,
         "max_requests": a.max_requests,
@@ -111,6 +113,10 @@ def resolve_preset(a: argparse.Namespace) -> Preset:
         "fixed_requests": a.fixed_requests,
     }
     return replace(pre, **{k: v for k, v in over.items() if v is not None})
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return () if text == "auto" else tuple(float(x) for x in text.split(","))
 
 
 def make_requests(a: argparse.Namespace, pre: Preset, text: TextSource):
@@ -139,20 +145,6 @@ def make_requests(a: argparse.Namespace, pre: Preset, text: TextSource):
     return reqs, arr.send_times(n, 1.0, a.seed), arr.describe(), wl.describe(), slo_lines
 
 
-def machine_name() -> str:
-    return f"{platform.machine()}-cpu{os.cpu_count()}"
-
-
-def git_commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-
-    dirty = "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
-    return (git("rev-parse", "--short", "HEAD") or "unknown") + dirty
-
-
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     pre = resolve_preset(a)
@@ -176,14 +168,21 @@ def main(argv: list[str] | None = None) -> int:
         abl_notes = ["Not requested (run with --ablations).", "", *abl_notes]
     if not a.skip_fixed_load and FIXED_LOAD_POLICY not in [t.label for t in targets]:
         targets.append(Target(FIXED_LOAD_POLICY, FIXED_LOAD_POLICY))  # host for the fixed load
-    hook = None if a.skip_fixed_load else fixed_load_hook(reqs, pre, out)
+    hook = None if a.skip_fixed_load else fixed_load_hook(text, pre, out, a.seed)
+    auto = AutoRates(pre.rate_fractions, reqs)
     results = [
-        run_sweep(t, reqs, unit_times, plan, out, hook if t.label == FIXED_LOAD_POLICY else None)
+        run_sweep(
+            t, reqs, unit_times, plan, out, hook if t.label == FIXED_LOAD_POLICY else None, auto
+        )
         for t in targets
     ]
     fixed = next((r.extra for r in results if r.extra is not None), None)
-    ctx = context(a, pre, date, reqs, arrival, wl_lines, time.perf_counter() - t_start)
-    ctx["slo_lines"] = slo_lines
+    ctx = context(a, pre, date, len(reqs), time.perf_counter() - t_start)
+    rates = ", ".join(
+        f"{r:g}" for r in sorted({s.offered_rate for x in results for s in x.summaries})
+    )
+    ctx.update(arrival=arrival, workload_lines=wl_lines, slo_lines=slo_lines, slo_basis=SLO_BASIS,
+               rates=rates if pre.rates else f"{rates} ({auto.describe()})")  # fmt: skip
     write_summary_csv(results, out / "summary.csv")
     write_report(out / "report.md", ctx, results, fixed, write_all(results, out), abl_notes)
     print(f"report: {out / 'report.md'} ({ctx['wall_s']:.0f} s)")
@@ -194,52 +193,13 @@ def _exit_on_term(signum, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def fixed_load_hook(reqs, pre: Preset, out: Path):
-    """Run on the bucketserve server after its sweep: loadgen, then perf_analyzer."""
+def fixed_load_hook(text: TextSource, pre: Preset, out: Path, seed: int):
+    """Run on the bucketserve server after its sweep: loadgen, perf_analyzer, genai-perf."""
 
     def hook(srv):
-        return run_fixed_load(
-            srv,
-            reqs,
-            pre.fixed_concurrency,
-            pre.fixed_requests,
-            out,
-            drain_s=max(pre.drain_s, 120.0),
-        )
+        return run_fixed_load(srv, text, pre.fixed_concurrency, pre.fixed_requests, out, seed)
 
     return hook
-
-
-def context(
-    a, pre: Preset, date: str, reqs, arrival: str, wl_lines: list[str], wall_s: float
-) -> dict:
-    load = os.getloadavg()
-    return {
-        "date": date,
-        "machine": machine_name(),
-        "commit": git_commit(),
-        "model": "SmolLM2-135M-Instruct",
-        "command": "python perf/compare.py " + shlex.join(sys.argv[1:] if a else []),
-        "workload": pre.workload,
-        "profile": pre.profile,
-        "seed": a.seed,
-        "num_requests": len(reqs),
-        "workload_lines": wl_lines,
-        "arrival": arrival,
-        "rates": pre.rates,
-        "duration_s": pre.duration_s,
-        "drain_s": pre.drain_s,
-        "max_requests": pre.max_requests,
-        "warmup": pre.warmup,
-        "wall_s": wall_s,
-        "slo_basis": SLO_BASIS,
-        "corpus": "real English text from the Python standard library's own documentation "
-        "(pydoc_data language-reference topics and stdlib docstrings), cut to the drawn length "
-        "with the served model's tokenizer (measured lengths within 2 tokens of the draw).",
-        "host_note": f"{os.cpu_count()} CPUs, shared with other jobs; 1/5/15-min load average at "
-        f"the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} (per-run load in the table). "
-        "Single run per point, no confidence intervals: treat small differences as noise.",
-    }
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ class Args:
     impl: str = "both"
     repeats: int = 3
     seed: int = 0
+    threads: int = 0  # 0: torch's default
     output: str = ""
 
 
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     """Run the comparison and print JSON lines."""
     args = parse_args(argv)
     torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     sizes = args.batch_sizes or ("1,16" if device.type == "cpu" else "1,16,64")
     ours = OursBench(args) if args.impl in ("both", "bucketserve") else None
@@ -225,6 +228,7 @@ def parse_args(argv: list[str] | None) -> Args:
     p.add_argument("--impl", choices=("both", "bucketserve", "transformers"), default=d.impl)
     p.add_argument("--repeats", type=int, default=d.repeats, help="timed runs, best kept")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (0: default)")
     p.add_argument("--output", default=d.output, help="also append the JSON lines here")
     return Args(**vars(p.parse_args(argv)))
 

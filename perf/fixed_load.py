@@ -1,8 +1,9 @@
-"""Our load generator and perf_analyzer at the same fixed load (closed loop, concurrency C).
+"""Our load generator, perf_analyzer and genai-perf at the same fixed load.
 
-Both send the same request list in the same order (perf_analyzer cycles its --input-data
-entries) to the same server, one after the other, with the same request count; both are
-summarised by metrics.summarize from per-request timestamps.
+Closed loop at concurrency C, the same N prompts (real text, one input and one output length
+so genai-perf can send them too) in the same order, one tool after the other on the same
+server. Ours and perf_analyzer's runs are summarised by metrics.summarize from per-request
+timestamps (perf_analyzer's profile export); genai-perf by its own CSV.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import genai_perf
 import perf_analyzer
 from loadgen import LoadConfig, run_closed_loop
 from metrics import RunSummary, summarize
 from records import write_jsonl
-from workloads import BenchRequest
+from textsource import TextSource
+from workloads import BenchRequest, requests_from_lengths, source
 
 TOLERANCE = 0.10  # differences above 10 % in throughput or mean TTFT are explained in the report
+INPUT_TOKENS = 84  # Alpaca's mean prompt
+OUTPUT_TOKENS = 16
 
 
 @dataclass(slots=True)
@@ -25,16 +30,15 @@ class FixedLoadResult:
     concurrency: int
     requests: int
     ours: RunSummary
-    pa: RunSummary | None
+    pa: RunSummary | None = None
     pa_error: str = ""
     pa_reported: dict | None = None  # perf_analyzer's own summary line (its CSV)
-    ours_ttft: list[float] = field(default_factory=list)
-    pa_ttft: list[float] = field(default_factory=list)
-    ours_e2e: list[float] = field(default_factory=list)
-    pa_e2e: list[float] = field(default_factory=list)
+    genai: dict | None = None  # genai-perf's CSV: {metric: {statistic: value}}
+    genai_error: str = ""
+    samples: dict[str, list[float]] = field(default_factory=dict)  # "ours_ttft", "pa_e2e", ...
 
     def differences(self) -> dict[str, float]:
-        """Relative difference (pa - ours) / ours of throughput and mean TTFT."""
+        """Relative difference (pa - ours) / ours of the headline numbers."""
         if self.pa is None:
             return {}
         out = {}
@@ -43,6 +47,12 @@ class FixedLoadResult:
             if a and b is not None:
                 out[name] = (b - a) / a
         return out
+
+
+def fixed_requests(text: TextSource, n: int, seed: int) -> list[BenchRequest]:
+    """n prompts of INPUT_TOKENS real-text tokens, OUTPUT_TOKENS each, Alpaca's SLOs."""
+    slo = source("alpaca", "cpu")
+    return requests_from_lengths([(INPUT_TOKENS, OUTPUT_TOKENS)] * n, seed, text, slo)
 
 
 def read_pa_csv(path: Path) -> dict | None:
@@ -55,65 +65,52 @@ def read_pa_csv(path: Path) -> dict | None:
     return dict(zip(lines[0].split(","), lines[1].split(","), strict=False))
 
 
-def run_fixed_load(
-    srv,
-    reqs: list[BenchRequest],
-    concurrency: int,
-    requests: int,
-    out: Path,
-    drain_s: float = 300.0,
-) -> FixedLoadResult:
-    """Loadgen first, then perf_analyzer, each `requests` requests at `concurrency`."""
-    reqs = reqs[:requests]
-    cfg = LoadConfig(url=srv.grpc_url, duration_s=3600.0, max_requests=requests, drain_s=drain_s)
-    records = asyncio.run(run_closed_loop(reqs, concurrency, cfg))
-    write_jsonl(records, out / "requests" / f"fixed_loadgen_c{concurrency}.jsonl")
-    ours = summarize("loadgen", 0.0, records)
-    print(
-        f"[fixed load] loadgen c={concurrency}: {ours.served_rate:.3f} req/s, "
-        f"TTFT mean {ours.ttft_mean}",
-        flush=True,
-    )
-    try:
-        pa_records = perf_analyzer.run(
-            srv.grpc_url,
-            "bucketserve",
-            reqs,
-            concurrency,
-            requests,
-            out / "perf_analyzer",
-            timeout_s=drain_s + 300,
-        )
-    except Exception as e:  # reported, the rest of the benchmark still stands
-        print(f"[fixed load] perf_analyzer failed: {e}", flush=True)
-        return FixedLoadResult(
-            concurrency,
-            requests,
-            ours,
-            None,
-            str(e)[-1500:],
-            ours_ttft=_ok(records, "ttft_s"),
-            ours_e2e=_ok(records, "e2e_s"),
-        )
-    write_jsonl(pa_records, out / "requests" / f"fixed_perf_analyzer_c{concurrency}.jsonl")
-    pa = summarize("perf_analyzer", 0.0, pa_records)
-    print(
-        f"[fixed load] perf_analyzer c={concurrency}: {pa.served_rate:.3f} req/s, "
-        f"TTFT mean {pa.ttft_mean}",
-        flush=True,
-    )
-    return FixedLoadResult(
-        concurrency,
-        requests,
-        ours,
-        pa,
-        pa_reported=read_pa_csv(out / "perf_analyzer" / "pa_summary.csv"),
-        ours_ttft=_ok(records, "ttft_s"),
-        pa_ttft=_ok(pa_records, "ttft_s"),
-        ours_e2e=_ok(records, "e2e_s"),
-        pa_e2e=_ok(pa_records, "e2e_s"),
-    )
-
-
 def _ok(records, name: str) -> list[float]:
     return [getattr(r, name) for r in records if r.ok]
+
+
+def _run_pa(srv, reqs, res: FixedLoadResult, out: Path, timeout_s: float) -> None:
+    try:
+        recs = perf_analyzer.run(srv.grpc_url, "bucketserve", reqs, res.concurrency, len(reqs),
+                                 out / "perf_analyzer", timeout_s=timeout_s)  # fmt: skip
+    except Exception as e:  # reported; the rest of the benchmark still stands
+        res.pa_error = str(e)[-1500:]
+        return
+    write_jsonl(recs, out / "requests" / f"fixed_perf_analyzer_c{res.concurrency}.jsonl")
+    res.pa = summarize("perf_analyzer", 0.0, recs)
+    res.pa_reported = read_pa_csv(out / "perf_analyzer" / "pa_summary.csv")
+    res.samples.update(pa_ttft=_ok(recs, "ttft_s"), pa_e2e=_ok(recs, "e2e_s"))
+
+
+def _run_genai(srv, reqs, res: FixedLoadResult, out: Path, timeout_s: float) -> None:
+    if not genai_perf.available():
+        res.genai_error = "not installed (perf/genai_perf.sh creates perf/.genai-venv)"
+        return
+    try:
+        res.genai = genai_perf.run(
+            srv.grpc_url, reqs, res.concurrency, out / "genai-perf", timeout_s
+        )
+    except Exception as e:
+        res.genai_error = str(e)[-1500:]
+        return
+    for export in sorted((out / "genai-perf").glob("*/profile_export.json"))[-1:]:
+        recs = perf_analyzer.parse_export(export, reqs)  # the perf_analyzer run genai-perf drove
+        res.samples.update(genai_ttft=_ok(recs, "ttft_s"), genai_e2e=_ok(recs, "e2e_s"))
+
+
+def run_fixed_load(srv, text: TextSource, concurrency: int, requests: int, out: Path,
+                   seed: int = 0, timeout_s: float = 300.0) -> FixedLoadResult:  # fmt: skip
+    """Loadgen, then perf_analyzer, then genai-perf: `requests` requests at `concurrency`."""
+    reqs = fixed_requests(text, requests, seed)
+    cfg = LoadConfig(url=srv.grpc_url, duration_s=3600.0, max_requests=requests, drain_s=timeout_s)
+    records = asyncio.run(run_closed_loop(reqs, concurrency, cfg))
+    write_jsonl(records, out / "requests" / f"fixed_loadgen_c{concurrency}.jsonl")
+    res = FixedLoadResult(concurrency, requests, summarize("loadgen", 0.0, records))
+    res.samples.update(ours_ttft=_ok(records, "ttft_s"), ours_e2e=_ok(records, "e2e_s"))
+    _run_pa(srv, reqs, res, out, timeout_s)
+    _run_genai(srv, reqs, res, out, timeout_s)
+    pa = f"{res.pa.served_rate:.3f} req/s" if res.pa else f"failed: {res.pa_error[:200]}"
+    gp = "ran" if res.genai else f"failed: {res.genai_error[:200]}"
+    print(f"[fixed load] c={concurrency}: loadgen {res.ours.served_rate:.3f} req/s; "
+          f"perf_analyzer {pa}; genai-perf {gp}", flush=True)  # fmt: skip
+    return res

@@ -86,6 +86,7 @@ class RunSummary:
     failed: int
     send_window_s: float
     makespan_s: float
+    sent_rate: float | None  # requests actually sent per second of the send window
     served_rate: float
     output_tok_s: float
     attainment: float
@@ -109,39 +110,35 @@ class RunSummary:
     idle_wait_s: float | None = None  # server drain after the run (None: not idle in time)
 
 
-def summarize(label: str, rate: float, records: Sequence[RequestRecord]) -> RunSummary:
-    """Aggregate one run; throughput counts finished requests over first send -> last finish."""
+def summarize(
+    label: str, rate: float, records: Sequence[RequestRecord], window_s: float | None = None
+) -> RunSummary:
+    """Aggregate one run. Throughput = finished requests (and their tokens) per makespan.
+
+    Open loop (`window_s` = the send window): makespan runs from the start of the run to the
+    later of the window's end and the last finish, so a lightly loaded run is not credited
+    with more than it was offered. Closed loop (None): from the first send to the last finish.
+    """
     done = [r for r in records if r.ok]
-    t0 = min((r.t_send_s for r in records), default=0.0)
-    t_end = max((r.t_done_s for r in done), default=t0)
+    t0 = 0.0 if window_s else min((r.t_send_s for r in records), default=0.0)
+    t_end = max([window_s or 0.0, *(r.t_done_s for r in done)], default=t0)
     makespan = max(t_end - t0, 1e-9)
-    ttft = [r.ttft_s for r in done]
-    tpot = [r.tpot_s for r in done]
+    sends = [r.t_send_s for r in records]
+    window = window_s or (max(sends) - min(sends) if sends else 0.0)
+    ttft, tpot, e2e = ([getattr(r, k) for r in done] for k in ("ttft_s", "tpot_s", "e2e_s"))
     itl = [x for r in done for x in r.itl_s]
-    e2e = [r.e2e_s for r in done]
     n = max(1, len(records))
     return RunSummary(
-        label,
-        rate,
-        len(records),
-        len(done),
-        len(records) - len(done),
-        max((r.t_send_s for r in records), default=0.0) - t0,
-        makespan,
-        len(done) / makespan,
-        sum(r.output_tokens for r in done) / makespan,
-        attainment(records),
-        sum(r.ok and r.ttft_s <= r.ttft_slo_s for r in records) / n,
-        sum(r.ok and (r.tpot_s is None or r.tpot_s <= r.tpot_slo_s) for r in records) / n,
-        mean(ttft),
-        percentile(ttft, 50),
-        percentile(ttft, 90),
-        percentile(ttft, 99),
-        mean(tpot),
-        percentile(tpot, 50),
-        percentile(tpot, 90),
-        percentile(itl, 50),
-        percentile(itl, 99),
-        percentile(e2e, 50),
-        percentile(e2e, 99),
-    )
+        label=label, offered_rate=rate, sent=len(records), ok=len(done),
+        failed=len(records) - len(done), send_window_s=window, makespan_s=makespan,
+        sent_rate=len(records) / window if window > 0 else None,
+        served_rate=len(done) / makespan,
+        output_tok_s=sum(r.output_tokens for r in done) / makespan,
+        attainment=attainment(records),
+        ttft_attainment=sum(r.ok and r.ttft_s <= r.ttft_slo_s for r in records) / n,
+        tpot_attainment=sum(r.ok and (r.tpot_s is None or r.tpot_s <= r.tpot_slo_s) for r in records) / n,
+        ttft_mean=mean(ttft), ttft_p50=percentile(ttft, 50), ttft_p90=percentile(ttft, 90),
+        ttft_p99=percentile(ttft, 99), tpot_mean=mean(tpot), tpot_p50=percentile(tpot, 50),
+        tpot_p90=percentile(tpot, 90), itl_p50=percentile(itl, 50), itl_p99=percentile(itl, 99),
+        e2e_p50=percentile(e2e, 50), e2e_p99=percentile(e2e, 99),
+    )  # fmt: skip

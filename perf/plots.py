@@ -61,9 +61,10 @@ def cdf_plot(results: list[SweepResult], field: str, path: Path, unit_label: str
         for res in results:
             recs = [r for r in res.records.get(rate, []) if r.ok]
             x, y = cdf([getattr(r, field) for r in recs])
-            if len(x):
-                ax.step(x, y, where="post", label=res.target.label)
-        ax.set(xlabel=unit_label, ylabel="CDF", title=f"{rate:g} req/s", ylim=(0, 1.02))
+            if len(x):  # start at 0 so a single request still draws a step
+                ax.step([x[0], *x], [0.0, *y], where="post", label=res.target.label)
+        ax.set(xlabel=unit_label, ylabel="CDF (finished requests)", title=f"{rate:g} req/s")
+        ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()

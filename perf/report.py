@@ -8,7 +8,8 @@ from pathlib import Path
 
 from fixed_load import TOLERANCE, FixedLoadResult
 from metrics import GOODPUT_TARGETS, RunSummary, attainment, goodput
-from report_text import fixed_load_section, header_section
+from report_fixed import fixed_load_section
+from report_text import header_section
 from sweep import SweepResult
 
 SLO_SCALES = (0.5, 1.0, 2.0, 4.0)
@@ -54,18 +55,21 @@ def write_goodput_csv(rows: list[dict], path: Path) -> None:
 
 def results_table(results: list[SweepResult]) -> list[str]:
     lines = [
-        "| target | rate | sent | ok | attain | TTFT p50 / p90 (s) | TPOT p50 / p90 (s) | ITL p99 (s) "
-        "| served req/s | out tok/s | sched ms/req | sched share | mean prefill batch | load avg |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| target | rate | sent (req/s) | ok | attain | TTFT p50 / p90 (s) | TPOT p50 / p90 (s) "
+        "| ITL p99 (s) | served req/s | out tok/s | sched ms/req | sched share "
+        "| mean prefill batch | load avg | idle after (s) |",
+        "|---" * 15 + "|",
     ]
     for res in results:
         for s in res.summaries:
             share = "-" if s.sched_share is None else f"{s.sched_share:.3%}"
             lines.append(
-                f"| {s.label} | {s.offered_rate:g} | {s.sent} | {s.ok} | {s.attainment:.0%} | "
+                f"| {s.label} | {s.offered_rate:g} | {s.sent} ({_f(s.sent_rate)}) | {s.ok} | "
+                f"{s.attainment:.0%} | "
                 f"{_f(s.ttft_p50)} / {_f(s.ttft_p90)} | {_f(s.tpot_p50)} / {_f(s.tpot_p90)} | "
                 f"{_f(s.itl_p99)} | {s.served_rate:.3f} | {s.output_tok_s:.2f} | "
-                f"{_f(s.sched_ms_per_request)} | {share} | {_f(s.mean_prefill_batch)} | {_f(s.load_avg, 2)} |"
+                f"{_f(s.sched_ms_per_request)} | {share} | {_f(s.mean_prefill_batch)} | "
+                f"{_f(s.load_avg, 2)} | {_f(s.idle_wait_s, 2)} |"
             )
     return lines
 

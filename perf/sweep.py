@@ -93,7 +93,7 @@ def measure_rate(
     load_before = os.getloadavg()[0]
     records = asyncio.run(run_open_loop(reqs, send_times / rate, rate, cfg))
     server = prom.delta(before, prom.scrape(srv.metrics_url))
-    s = summarize(label, rate, records)
+    s = summarize(label, rate, records, window_s=plan.duration_s)
     s.sched_ms_per_request = (
         None if server.sched_s_per_request is None else server.sched_s_per_request * 1e3
     )
@@ -116,8 +116,11 @@ def run_sweep(
     plan: SweepPlan,
     out: Path,
     after: Callable[[object], object] | None = None,
+    auto_rates: Callable[[str, str], tuple[float, ...]] | None = None,
 ) -> SweepResult:
     """Start the server, warm up untimed, measure each rate, run `after(server)`, stop.
+
+    Rates are plan.rates, or when that is empty auto_rates(grpc_url, label).
 
     A failure (server start, warm-up, a run) ends this target's sweep and is recorded in
     `error`; the comparison goes on with the next target.
@@ -130,7 +133,8 @@ def run_sweep(
             print(f"[{target.label}] server ready in {result.start_s:.0f} s", flush=True)
             warm = warm_up_requests(reqs, plan.warmup_requests)
             warm_up(warm, LoadConfig(url=srv.grpc_url, drain_s=WARMUP_TIMEOUT_S), n=len(warm))
-            _measure_rates(srv, result, reqs, unit_times, plan, out)
+            rates = plan.rates or auto_rates(srv.grpc_url, target.label)
+            _measure_rates(srv, result, reqs, unit_times, rates, plan, out)
             if after is not None:
                 result.extra = after(srv)
     except Exception as e:
@@ -139,9 +143,9 @@ def run_sweep(
     return result
 
 
-def _measure_rates(srv, result: SweepResult, reqs, unit_times, plan: SweepPlan, out: Path) -> None:
+def _measure_rates(srv, result: SweepResult, reqs, unit_times, rates, plan, out: Path) -> None:
     label = result.target.label
-    for rate in plan.rates:
+    for rate in rates:
         s, records = measure_rate(srv, reqs, unit_times, rate, plan, label)
         write_jsonl(records, out / "requests" / f"{label}_rate{rate:g}.jsonl")
         result.summaries.append(s)

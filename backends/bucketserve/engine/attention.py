@@ -64,15 +64,16 @@ class SdpaBackend:
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """q: [B, H, D]; caches [num_blocks, block_size, KVH, D] -> [B, H, D]."""
-        batch, kv_heads, head_dim = q.shape[0], k_cache.shape[2], k_cache.shape[3]
+        batch, num_heads = q.shape[0], q.shape[1]
+        kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
         block_ids = meta.block_tables.view(-1)  # [B * max_blocks]
         k, v = self._gather(k_cache, v_cache, block_ids)  # [B * max_blocks, bs * KVH * D]
         k = k.view(batch, -1, kv_heads, head_dim).transpose(1, 2)  # [B, KVH, S, D]
         v = v.view(batch, -1, kv_heads, head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), k, v, attn_mask=meta.attn_mask, scale=scale, enable_gqa=True
-        )  # [B, H, 1, D]
-        return out.squeeze(2)
+        # The query heads sharing a KV head become that head's query rows: no GQA expansion.
+        q = q.view(batch, kv_heads, num_heads // kv_heads, head_dim)  # [B, KVH, G, D]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.attn_mask, scale=scale)
+        return out.reshape(batch, num_heads, head_dim)
 
     def _gather(self, k_cache, v_cache, block_ids):
         num_blocks, per_block = k_cache.shape[0], k_cache[0].numel()

@@ -4,6 +4,7 @@ reference): fuse q/k/v and gate/up projections, and on CPU pre-pack weights for 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from bucketserve.engine.model import MLP, Attention, CausalLM
@@ -40,6 +41,9 @@ def is_onednn_available() -> bool:
     )
 
 
+MIN_ROWS = 4  # pad smaller inputs: on Zen 4 a 4-row GEMM is faster than a 1- or 2-row one
+
+
 class OneDnnLinear(nn.Module):
     """Inference-only Linear whose weight is pre-packed for oneDNN.
 
@@ -55,8 +59,12 @@ class OneDnnLinear(nn.Module):
         self.out_features = weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., in] -> [..., out]."""
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        """x: [N, in] -> [N, out]."""
+        rows = x.shape[0]
+        if rows < MIN_ROWS:  # measured: oneDNN's 1-2 row kernels stream weights slower
+            x = F.pad(x, (0, 0, 0, MIN_ROWS - rows))
+        out = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return out[:rows]
 
 
 def pack_for_onednn(model: CausalLM) -> int:

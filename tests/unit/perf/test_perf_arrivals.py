@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from arrivals import Arrivals, load_trace
@@ -45,3 +47,18 @@ def test_bad_inputs_are_rejected(tmp_path):
     bad.write_text("0,1,1\n1,x,2\n")
     with pytest.raises(ValueError, match="bad row"):
         load_trace(bad)
+
+
+def test_shipped_sample_trace_loads():
+    path = Path(__file__).resolve().parents[3] / "perf" / "traces" / "sample_trace.csv"
+    tr = load_trace(path)
+    assert len(tr.times_s) == 60 and tr.times_s[0] == 0.0
+    assert (np.diff(tr.times_s) >= 0).all() and tr.input_lengths.min() >= 1
+
+
+def test_auto_rates_are_fractions_of_the_probed_capacity():
+    from autorates import AutoRates
+
+    auto = AutoRates((0.5, 1.0, 1.5), reqs=[], capacity=0.8, probed_on="static")
+    assert auto("unused:0", "fcfs") == (0.4, 0.8, 1.2)  # no second probe once known
+    assert "static" in auto.describe() and "0.800" in auto.describe()

@@ -92,3 +92,10 @@ def test_prometheus_deltas():
     d = delta(before, after)
     assert d.requests == 10 and d.sched_s_per_request == pytest.approx(0.05)
     assert d.sched_share == pytest.approx(0.01)
+
+
+def test_open_loop_throughput_is_over_the_send_window():
+    light = summarize("p", 0.2, [rec(0.5, 0.1, t_send=1.0)], window_s=10.0)
+    assert light.served_rate == pytest.approx(0.1) and light.sent_rate == pytest.approx(0.1)
+    late = summarize("p", 0.2, [rec(0.5, 0.1, t_send=9.5)], window_s=10.0)  # ends at 10.4 s
+    assert late.makespan_s == pytest.approx(10.4)
