@@ -34,7 +34,7 @@ class ModelRunner:
         is_dummy = loader.is_dummy(config.model)
         self._model_dir = None if is_dummy else loader.resolve_model(config.model)
         self.model_config = self._load_model_config()
-        self.attention_backend = resolve_backend_name(config.attention, self.device)
+        self.attention_backend = resolve_backend_name(config.attention, self.device, self.dtype)
         self.block_size = self._block_size()
         self._backend = make_backend(self.attention_backend)
         self.model = loader.build_model(
@@ -85,6 +85,8 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> list[int]:
         """Run all tokens of each sequence; returns the sampled next token per sequence."""
+        if not seqs:
+            return []
         start = time.perf_counter()
         tokens = self.sampler(self._prefill_logits(seqs), self._sample_rows(seqs))
         num_tokens = sum(s.num_tokens for s in seqs)
@@ -94,6 +96,8 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> list[int]:
         """One step: feed each sequence's newest token; returns the next token per sequence."""
+        if not seqs:
+            return []
         start = time.perf_counter()
         tokens = self.sampler(self._decode_logits(seqs), self._sample_rows(seqs))
         self.stats.record(False, len(seqs), len(seqs), time.perf_counter() - start)
@@ -146,19 +150,12 @@ class ModelRunner:
             positions.append(n - 1)
             slot_mapping.append(seq.block_table[(n - 1) // bs] * bs + (n - 1) % bs)
             context_lens.append(n)
-        max_blocks = -(-max(context_lens) // bs)
-        tables = [
-            s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table)) for s in seqs
-        ]
-        context_t = self._tensor(context_lens, torch.int32)
         meta = AttentionMetadata(
             is_prefill=False, slot_mapping=self._tensor(slot_mapping, torch.int64),
             seq_lens=context_lens, max_seqlen=max(context_lens),
-            block_tables=self._tensor(tables, torch.int32), context_lens=context_t,
         )  # fmt: skip
-        if self._backend.needs_decode_mask:
-            span = torch.arange(max_blocks * bs, device=self.device)
-            meta.attn_mask = (span < context_t.unsqueeze(1))[:, None, None, :]  # [B, 1, 1, S]
+        tables = [s.block_table for s in seqs]
+        self._backend.prepare_decode(meta, tables, context_lens, bs, self._tensor)
         hidden = self._forward(input_ids, positions, meta)  # [B, D]
         return self.model.compute_logits(hidden)
 

@@ -25,7 +25,7 @@ class Sequence:
 
     token_ids: list[int]
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
-    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    seq_id: int | str = field(default_factory=lambda: next(_seq_ids))  # e.g. a request id
     num_prompt_tokens: int = -1
     block_table: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING

@@ -242,6 +242,7 @@ class DecodeModel:
         self.stats.close()
         self.stats.unlink()
         self.notifier.close()
+        self.worker.runner.close()
 
 
 def merge(items: list[Delta]) -> list[Delta]:

@@ -94,6 +94,7 @@ class PrefillWorker:
         self.stats.unlink()
         self.table.close()
         self.table.unlink()
+        self.runner.close()
 
 
 class PrefillModel:

@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from bucketserve.engine.attention import (
-    AttentionMetadata,
-    SdpaBackend,
-    resolve_backend_name,
-    store_kv,
-)
+from bucketserve.engine.attention import AttentionMetadata, resolve_backend_name, store_kv
+from bucketserve.engine.sdpa_attention import SdpaBackend, plan_decode_groups
 
 NUM_BLOCKS, BLOCK, KVH, H, D = 40, 4, 2, 6, 8
 
@@ -23,30 +19,37 @@ def _dense_reference(q, k_cache, v_cache, table, length, scale):
     return (probs @ v).squeeze(1)  # [H, D]
 
 
-def test_paged_decode_matches_dense_with_scattered_blocks():
+@pytest.mark.parametrize("lengths", [[1, 4, 5, 13], [2, 30, 3, 29, 1, 31], [9] * 5])
+def test_paged_decode_matches_dense_with_scattered_blocks(lengths):
     gen = torch.Generator().manual_seed(0)
     k_cache = torch.randn(NUM_BLOCKS, BLOCK, KVH, D, generator=gen)
     v_cache = torch.randn(NUM_BLOCKS, BLOCK, KVH, D, generator=gen)
-    lengths = [1, 4, 5, 13]
     ids = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
     tables, start = [], 0
     for n in lengths:
         need = -(-n // BLOCK)
         tables.append(ids[start : start + need])
         start += need
-    width = max(len(t) for t in tables)
-    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-    context = torch.tensor(lengths, dtype=torch.int32)
-    meta = AttentionMetadata(
-        is_prefill=False, slot_mapping=torch.zeros(4, dtype=torch.int64), seq_lens=lengths,
-        max_seqlen=13, block_tables=padded, context_lens=context,
-        attn_mask=(torch.arange(width * BLOCK) < context[:, None])[:, None, None, :],
-    )  # fmt: skip
-    q = torch.randn(4, H, D, generator=gen)
-    out = SdpaBackend().decode(q, k_cache, v_cache, meta, scale=D**-0.5)
+    batch = len(lengths)
+    meta = AttentionMetadata(is_prefill=False, slot_mapping=torch.zeros(batch, dtype=torch.int64),
+                             seq_lens=lengths, max_seqlen=max(lengths))  # fmt: skip
+    backend = SdpaBackend()
+    backend.prepare_decode(
+        meta, tables, lengths, BLOCK, lambda data, dtype: torch.tensor(data, dtype=dtype)
+    )
+    q = torch.randn(batch, H, D, generator=gen)
+    out = backend.decode(q, k_cache, v_cache, meta, scale=D**-0.5)
     for i, n in enumerate(lengths):
         ref = _dense_reference(q[i], k_cache, v_cache, tables[i], n, D**-0.5)
         torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_groups_split_only_when_it_pays():
+    assert plan_decode_groups([9] * 5, 4) == [[0, 1, 2, 3, 4]]
+    assert plan_decode_groups([5, 6, 7], 4) == [[0, 1, 2]]
+    groups = plan_decode_groups([2, 300, 3, 290, 1, 310], 4)
+    assert sorted(map(sorted, groups)) == [[0, 2, 4], [1, 3, 5]]
+    assert plan_decode_groups([100, 100, 100, 100, 20], 4) == [[0, 1, 2, 3, 4]]  # saves < 25%
 
 
 def test_packed_prefill_is_causal_per_sequence():
@@ -84,3 +87,5 @@ def test_backend_selection_on_cpu():
         resolve_backend_name("flash_attn", cpu)
     with pytest.raises(ValueError, match="attention must be one of"):
         resolve_backend_name("xformers", cpu)
+    with pytest.raises(ValueError, match="not available yet"):
+        resolve_backend_name("triton", cpu)
