@@ -32,6 +32,7 @@ from workloads import build_requests, requests_from_lengths, source, workload
 POLICIES = ("static", "fcfs", "distserve", "bucketserve", "bucketserve+")
 ROOT = Path(__file__).resolve().parents[1]
 FIXED_LOAD_POLICY = "bucketserve"  # its server also hosts the loadgen vs perf_analyzer check
+PROBE_POLICY = "fcfs"  # with auto rates: the capacity is probed on this policy's server
 
 
 @dataclass(slots=True)
@@ -170,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         targets.append(Target(FIXED_LOAD_POLICY, FIXED_LOAD_POLICY))  # host for the fixed load
     hook = None if a.skip_fixed_load else fixed_load_hook(text, pre, out, a.seed)
     auto = AutoRates(pre.rate_fractions, reqs)
+    if not pre.rates:  # the capacity probe runs on the first server: the vLLM-like baseline
+        targets.sort(key=lambda t: t.label != PROBE_POLICY)
     results = [
         run_sweep(
             t, reqs, unit_times, plan, out, hook if t.label == FIXED_LOAD_POLICY else None, auto

@@ -52,7 +52,8 @@ class FixedLoadResult:
 def fixed_requests(text: TextSource, n: int, seed: int) -> list[BenchRequest]:
     """n prompts of INPUT_TOKENS real-text tokens, OUTPUT_TOKENS each, Alpaca's SLOs."""
     slo = source("alpaca", "cpu")
-    return requests_from_lengths([(INPUT_TOKENS, OUTPUT_TOKENS)] * n, seed, text, slo)
+    lengths = [(INPUT_TOKENS, OUTPUT_TOKENS)] * n
+    return requests_from_lengths(lengths, seed, text, slo, name="fixed")
 
 
 def read_pa_csv(path: Path) -> dict | None:

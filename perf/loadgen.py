@@ -125,7 +125,9 @@ async def stream_one(
                 rec.server_input_tokens = int(n_in)
             if _is_final(result):
                 rec.finish(now)
-                rec.error = ""
+                rec.error = (
+                    "" if rec.output_tokens else f"no tokens ({rec.finish_reason or 'final'})"
+                )
                 return
     finally:
         responses.cancel()

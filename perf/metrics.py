@@ -17,10 +17,10 @@ from records import RequestRecord
 GOODPUT_TARGETS = (0.8, 0.9, 0.99)
 
 
-def attainment(records: Sequence[RequestRecord], scale: float = 1.0) -> float:
-    """Share of all sent requests meeting both SLOs (scaled by `scale`)."""
+def attainment(records: Sequence[RequestRecord], scale: float = 1.0) -> float | None:
+    """Share of all sent requests meeting both SLOs (scaled by `scale`); None if none was sent."""
     if not records:
-        return 0.0
+        return None
     return sum(r.meets_slo(scale) for r in records) / len(records)
 
 
@@ -89,7 +89,7 @@ class RunSummary:
     sent_rate: float | None  # requests actually sent per second of the send window
     served_rate: float
     output_tok_s: float
-    attainment: float
+    attainment: float | None  # None: no request was sent at this rate
     ttft_attainment: float
     tpot_attainment: float
     ttft_mean: float | None

@@ -14,6 +14,7 @@ from sweep import SweepResult  # noqa: E402
 
 def _by_rate(res: SweepResult, field: str) -> tuple[list[float], list[float]]:
     pts = sorted((s.offered_rate, getattr(s, field)) for s in res.summaries)
+    pts = [p for p in pts if p[1] is not None]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 

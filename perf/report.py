@@ -21,6 +21,10 @@ def _f(x, digits: int = 3) -> str:
     return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
 def write_summary_csv(results: list[SweepResult], path: Path) -> None:
     names = [f.name for f in fields(RunSummary)]
     with open(path, "w", newline="") as f:
@@ -34,8 +38,8 @@ def write_summary_csv(results: list[SweepResult], path: Path) -> None:
 def goodput_rows(results: list[SweepResult]) -> list[dict]:
     rows = []
     for res in results:
-        rates = [s.offered_rate for s in res.summaries]
-        att = [s.attainment for s in res.summaries]
+        pts = [(s.offered_rate, s.attainment) for s in res.summaries if s.attainment is not None]
+        rates, att = [p[0] for p in pts], [p[1] for p in pts]
         row = {"target": res.target.label}
         for t in GOODPUT_TARGETS:
             g = goodput(rates, att, t) if rates else None
@@ -65,7 +69,7 @@ def results_table(results: list[SweepResult]) -> list[str]:
             share = "-" if s.sched_share is None else f"{s.sched_share:.3%}"
             lines.append(
                 f"| {s.label} | {s.offered_rate:g} | {s.sent} ({_f(s.sent_rate)}) | {s.ok} | "
-                f"{s.attainment:.0%} | "
+                f"{_pct(s.attainment)} | "
                 f"{_f(s.ttft_p50)} / {_f(s.ttft_p90)} | {_f(s.tpot_p50)} / {_f(s.tpot_p90)} | "
                 f"{_f(s.itl_p99)} | {s.served_rate:.3f} | {s.output_tok_s:.2f} | "
                 f"{_f(s.sched_ms_per_request)} | {share} | {_f(s.mean_prefill_batch)} | "
@@ -91,7 +95,7 @@ def slo_scale_table(results: list[SweepResult]) -> list[str]:
         if not res.records:
             continue
         rate = max(res.records)
-        cells = " | ".join(f"{attainment(res.records[rate], k):.0%}" for k in SLO_SCALES)
+        cells = " | ".join(_pct(attainment(res.records[rate], k)) for k in SLO_SCALES)
         lines.append(f"| {res.target.label} | {rate:g} | {cells} |")
     return lines
 

@@ -152,7 +152,7 @@ def _measure_rates(srv, result: SweepResult, reqs, unit_times, rates, plan, out:
         result.records[rate] = records
         print(
             f"[{label}] rate {rate:g}/s: sent {s.sent}, ok {s.ok}, attain "
-            f"{s.attainment:.0%}, served {s.served_rate:.2f}/s, TTFT p50 "
+            f"{_fmt(s.attainment)}, served {s.served_rate:.2f}/s, TTFT p50 "
             f"{_fmt(s.ttft_p50)} s, TPOT p50 {_fmt(s.tpot_p50)} s, idle after "
             f"{_fmt(s.idle_wait_s)} s",
             flush=True,

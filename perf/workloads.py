@@ -204,7 +204,7 @@ def build_requests(wl: Workload, n: int, seed: int, text: TextSource) -> list[Be
 
 
 def requests_from_lengths(
-    lengths: list[tuple[int, int]], seed: int, text: TextSource, slo: Source
+    lengths: list[tuple[int, int]], seed: int, text: TextSource, slo: Source, name: str = "trace"
 ) -> list[BenchRequest]:
     """Requests for given (input, output) lengths, e.g. a replayed trace, under `slo`'s SLOs."""
     offsets = np.random.default_rng([seed, 2]).integers(0, 2**31, size=len(lengths))
@@ -212,5 +212,5 @@ def requests_from_lengths(
     for i, (n_in, n_out) in enumerate(lengths):
         prompt, actual = text.prompt(slo.header, n_in, int(offsets[i]))
         ttft = slo.ttft_slo_for(actual)
-        reqs.append(BenchRequest(i, "trace", prompt, actual, n_out, ttft, slo.tpot_slo_s))
+        reqs.append(BenchRequest(i, name, prompt, actual, n_out, ttft, slo.tpot_slo_s))
     return reqs

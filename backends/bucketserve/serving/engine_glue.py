@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.handoff import PrefillRow
 
 
+def cpu_threads(cfg: ServeConfig) -> int:
+    """Intra-op threads for one CPU engine: the cores split among the CPU engine instances, so
+    prefill and decode running at once do not oversubscribe the machine (OpenMP spin-waits)."""
+    sharing = (cfg.prefill_devices + cfg.decode_devices).count("cpu")
+    return max(1, (os.cpu_count() or 1) // max(1, sharing))
+
+
 def build_runner(cfg: ServeConfig, device: str, pool_name: str):
     """A ModelRunner for one engine instance; its KV pool is exported under `pool_name`."""
+    import torch
+
     from bucketserve.engine.config import EngineConfig
     from bucketserve.engine.runner import ModelRunner
+
+    if device == "cpu":
+        torch.set_num_threads(cpu_threads(cfg))
 
     optional = {"kv_cache_gb": cfg.kv_cache_gb} if cfg.kv_cache_gb is not None else {}
     if device.startswith("cuda"):  # instances sharing a GPU split its free memory

@@ -34,7 +34,7 @@ def test_attainment_needs_both_slos_and_counts_failures():
     rs = [rec(0.5, 0.05), rec(1.5, 0.05), rec(0.5, 0.2), rec(0, 0, ok=False)]
     assert attainment(rs) == pytest.approx(0.25)
     assert attainment(rs, scale=2.0) == pytest.approx(0.75)
-    assert attainment([]) == 0.0
+    assert attainment([]) is None  # nothing sent: undefined, not 0 %
 
 
 def test_goodput_interpolates_between_rates():
