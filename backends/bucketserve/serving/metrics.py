@@ -135,9 +135,7 @@ class SchedulerMetrics:
         self.decision_s.increment(seconds)
         self.decisions.increment(snapshot.decisions - self.seen_decisions)
         self.seen_decisions = snapshot.decisions
-        snap = snapshot.to_dict()
-        bounds = snap.get("bucket_bounds") or []
-        queues = snap.get("queue_lengths") or []
+        bounds, queues = snapshot.bucket_boundaries, snapshot.queue_per_bucket
         self.waiting.set(sum(queues))
         if len(bounds) != self.last_buckets or queues:
             self.num_buckets.set(len(bounds))
