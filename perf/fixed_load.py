@@ -2,13 +2,16 @@
 
 Closed loop at concurrency C, the same N prompts (real text, one input and one output length
 so genai-perf can send them too) in the same order, one tool after the other on the same
-server. Ours and perf_analyzer's runs are summarised by metrics.summarize from per-request
-timestamps (perf_analyzer's profile export); genai-perf by its own CSV.
+server: loadgen, perf_analyzer, genai-perf, loadgen again (A-B-C-A, so drift of the shared
+host shows up as the difference between the two loadgen runs). Ours and perf_analyzer's runs
+are summarised by metrics.summarize from per-request timestamps (perf_analyzer's profile
+export); genai-perf by its own CSV. Each tool's client CPU time is measured (getrusage).
 """
 
 from __future__ import annotations
 
 import asyncio
+import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,23 +33,14 @@ class FixedLoadResult:
     concurrency: int
     requests: int
     ours: RunSummary
+    ours_again: RunSummary | None = None
     pa: RunSummary | None = None
     pa_error: str = ""
     pa_reported: dict | None = None  # perf_analyzer's own summary line (its CSV)
     genai: dict | None = None  # genai-perf's CSV: {metric: {statistic: value}}
     genai_error: str = ""
     samples: dict[str, list[float]] = field(default_factory=dict)  # "ours_ttft", "pa_e2e", ...
-
-    def differences(self) -> dict[str, float]:
-        """Relative difference (pa - ours) / ours of the headline numbers."""
-        if self.pa is None:
-            return {}
-        out = {}
-        for name in ("served_rate", "output_tok_s", "ttft_mean", "e2e_p50"):
-            a, b = getattr(self.ours, name), getattr(self.pa, name)
-            if a and b is not None:
-                out[name] = (b - a) / a
-        return out
+    cpu_s: dict[str, float] = field(default_factory=dict)  # client CPU seconds per tool
 
 
 def fixed_requests(text: TextSource, n: int, seed: int) -> list[BenchRequest]:
@@ -99,19 +93,42 @@ def _run_genai(srv, reqs, res: FixedLoadResult, out: Path, timeout_s: float) -> 
         res.samples.update(genai_ttft=_ok(recs, "ttft_s"), genai_e2e=_ok(recs, "e2e_s"))
 
 
+def _cpu_s(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def _run_ours(srv, reqs, concurrency: int, out: Path, name: str, timeout_s: float):
+    cfg = LoadConfig(url=srv.grpc_url, duration_s=3600.0, max_requests=len(reqs), drain_s=timeout_s)
+    cpu = _cpu_s(resource.RUSAGE_SELF)
+    records = asyncio.run(run_closed_loop(reqs, concurrency, cfg))
+    cpu = _cpu_s(resource.RUSAGE_SELF) - cpu
+    write_jsonl(records, out / "requests" / f"fixed_{name}_c{concurrency}.jsonl")
+    return summarize(name, 0.0, records), records, cpu
+
+
+def _timed_child(fn, *args) -> float:
+    """CPU seconds of the subprocesses `fn` waited for (perf_analyzer, genai-perf)."""
+    cpu = _cpu_s(resource.RUSAGE_CHILDREN)
+    fn(*args)
+    return _cpu_s(resource.RUSAGE_CHILDREN) - cpu
+
+
 def run_fixed_load(srv, text: TextSource, concurrency: int, requests: int, out: Path,
                    seed: int = 0, timeout_s: float = 300.0) -> FixedLoadResult:  # fmt: skip
-    """Loadgen, then perf_analyzer, then genai-perf: `requests` requests at `concurrency`."""
+    """loadgen, perf_analyzer, genai-perf, loadgen again: `requests` at `concurrency`."""
     reqs = fixed_requests(text, requests, seed)
-    cfg = LoadConfig(url=srv.grpc_url, duration_s=3600.0, max_requests=requests, drain_s=timeout_s)
-    records = asyncio.run(run_closed_loop(reqs, concurrency, cfg))
-    write_jsonl(records, out / "requests" / f"fixed_loadgen_c{concurrency}.jsonl")
-    res = FixedLoadResult(concurrency, requests, summarize("loadgen", 0.0, records))
+    ours, records, cpu = _run_ours(srv, reqs, concurrency, out, "loadgen", timeout_s)
+    res = FixedLoadResult(concurrency, requests, ours)
     res.samples.update(ours_ttft=_ok(records, "ttft_s"), ours_e2e=_ok(records, "e2e_s"))
-    _run_pa(srv, reqs, res, out, timeout_s)
-    _run_genai(srv, reqs, res, out, timeout_s)
+    res.cpu_s["loadgen"] = cpu
+    res.cpu_s["perf_analyzer"] = _timed_child(_run_pa, srv, reqs, res, out, timeout_s)
+    res.cpu_s["genai-perf"] = _timed_child(_run_genai, srv, reqs, res, out, timeout_s)
+    again, records, cpu = _run_ours(srv, reqs, concurrency, out, "loadgen_again", timeout_s)
+    res.ours_again, res.cpu_s["loadgen again"] = again, cpu
+    res.samples.update(again_ttft=_ok(records, "ttft_s"), again_e2e=_ok(records, "e2e_s"))
     pa = f"{res.pa.served_rate:.3f} req/s" if res.pa else f"failed: {res.pa_error[:200]}"
     gp = "ran" if res.genai else f"failed: {res.genai_error[:200]}"
-    print(f"[fixed load] c={concurrency}: loadgen {res.ours.served_rate:.3f} req/s; "
-          f"perf_analyzer {pa}; genai-perf {gp}", flush=True)  # fmt: skip
+    print(f"[fixed load] c={concurrency}: loadgen {ours.served_rate:.3f} then "
+          f"{again.served_rate:.3f} req/s; perf_analyzer {pa}; genai-perf {gp}", flush=True)  # fmt: skip
     return res

@@ -7,6 +7,7 @@ import math
 import numpy as np
 from fixed_load import INPUT_TOKENS, OUTPUT_TOKENS, FixedLoadResult
 
+TOOLS = ("loadgen again", "perf_analyzer", "genai-perf")
 ROWS = (  # (RunSummary field, label, genai-perf metric, statistic, scale to seconds or 1)
     ("served_rate", "throughput (req/s)", "Request Throughput (per sec)", "value", 1.0),
     ("output_tok_s", "output tokens/s", "Output Token Throughput (tokens/sec)", "value", 1.0),
@@ -21,7 +22,8 @@ NOTES = (
     "first response; its `Inferences/Second` counts requests completed in its measurement "
     "window. Its column is computed from its per-response timestamps with our code. genai-perf's "
     "column is its own CSV; it counts output tokens by re-tokenising the streamed text, so its "
-    "token throughput can read a little lower."
+    "token throughput can read a little lower. Client CPU time is getrusage of our process, or "
+    "of the tool's subprocesses (genai-perf's includes its Python start-up and tokenizer)."
 )
 
 
@@ -37,21 +39,34 @@ def _cell(v: float | None, ref: float | None) -> tuple[str, str]:
     return f"{v:.4g}", diff
 
 
+def _tool_values(fx: FixedLoadResult, name, metric, stat, scale) -> dict[str, float | None]:
+    return {
+        "loadgen again": getattr(fx.ours_again, name) if fx.ours_again else None,
+        "perf_analyzer": getattr(fx.pa, name) if fx.pa else None,
+        "genai-perf": _genai_value(fx, metric, stat, scale),
+    }
+
+
 def table(fx: FixedLoadResult) -> tuple[list[str], dict[tuple[str, str], float]]:
-    """Markdown rows and the relative differences {(tool, field): diff} vs ours."""
-    lines = ["| metric | loadgen | perf_analyzer | diff | genai-perf | diff |", "|---" * 6 + "|"]
+    """Markdown rows and the relative differences {(tool, field): diff} vs the first loadgen."""
+    head = "| metric | loadgen | " + " | ".join(f"{t} | diff" for t in TOOLS) + " |"
+    lines = [head, "|---" * (2 + 2 * len(TOOLS)) + "|"]
     diffs = {}
     for name, label, metric, stat, scale in ROWS:
         ours = getattr(fx.ours, name)
-        pa = getattr(fx.pa, name) if fx.pa else None
-        gp = _genai_value(fx, metric, stat, scale)
-        for tool, v in (("perf_analyzer", pa), ("genai-perf", gp)):
-            if v is not None and ours:
-                diffs[(tool, name)] = (v - ours) / ours
-        cells = [*_cell(pa, ours), *_cell(gp, ours)]
+        values = _tool_values(fx, name, metric, stat, scale)
+        cells = []
+        for tool in TOOLS:
+            if values[tool] is not None and ours:
+                diffs[(tool, name)] = (values[tool] - ours) / ours
+            cells += _cell(values[tool], ours)
         lines.append(
             f"| {label} | {'-' if ours is None else f'{ours:.4g}'} | {' | '.join(cells)} |"
         )
+    cpu = [f"{fx.cpu_s[t]:.2f}" if t in fx.cpu_s else "-" for t in ("loadgen", *TOOLS)]
+    lines.append(
+        "| client CPU time (s) | " + " | ".join([cpu[0], *(f"{c} | " for c in cpu[1:])]) + "|"
+    )
     return lines, diffs
 
 
@@ -65,13 +80,16 @@ def _noise(a: list[float], b: list[float]) -> str:
     return f"{verdict} (difference {d:+.3f} s, standard error {se:.3f} s, z = {z:.1f}, n = {len(a)}/{len(b)})"
 
 
+SAMPLE_KEYS = {"loadgen again": "again", "perf_analyzer": "pa", "genai-perf": "genai"}
+
+
 def explain(fx: FixedLoadResult, diffs: dict, tol: float) -> list[str]:
     big = {k: v for k, v in diffs.items() if k[1] in ("served_rate", "ttft_mean") and abs(v) > tol}
     if not big:
-        return [f"Throughput and mean TTFT of all tools agree within {tol:.0%}."]
+        return [f"Throughput and mean TTFT of all runs agree within {tol:.0%}."]
     out = [f"Differences above {tol:.0%} and why:"]
     for (tool, name), v in sorted(big.items()):
-        key = "pa" if tool == "perf_analyzer" else "genai"
+        key = SAMPLE_KEYS[tool]
         if name == "ttft_mean":
             why = _noise(fx.samples.get("ours_ttft", []), fx.samples.get(f"{key}_ttft", []))
             out.append(f"* {tool} mean TTFT {v:+.1%}: {why}.")
@@ -79,10 +97,40 @@ def explain(fx: FixedLoadResult, diffs: dict, tol: float) -> list[str]:
             why = _noise(fx.samples.get("ours_e2e", []), fx.samples.get(f"{key}_e2e", []))
             out.append(
                 f"* {tool} throughput {v:+.1%}: in a closed loop throughput = concurrency / mean "
-                f"end-to-end latency, so it follows the end-to-end times — {why}; the runs are "
-                "sequential on a shared host whose load varies."
+                f"end-to-end latency, so it follows the end-to-end times — {why}."
             )
+    again = {k[1]: v for k, v in diffs.items() if k[0] == "loadgen again"}
+    if again:
+        out.append(
+            f"* Our own load generator, rerun last on the same server, moved by "
+            f"{again.get('served_rate', 0):+.1%} in throughput and {again.get('ttft_mean', 0):+.1%} "
+            "in mean TTFT: that is the drift of this shared host over the minutes between runs; "
+            "a tool-to-tool difference of that size is not a disagreement between the tools."
+        )
+        out += _versus_again(fx)
     return out
+
+
+def _versus_again(fx: FixedLoadResult) -> list[str]:
+    """The other tools against the *second* loadgen run (the one closest to them in time)."""
+    lines = []
+    for tool, summary in (("perf_analyzer", fx.pa),):
+        if summary is None or fx.ours_again is None:
+            continue
+        thr = (summary.served_rate - fx.ours_again.served_rate) / fx.ours_again.served_rate
+        ttft = (summary.ttft_mean - fx.ours_again.ttft_mean) / fx.ours_again.ttft_mean
+        lines.append(
+            f"* {tool} vs the second loadgen run: throughput {thr:+.1%}, mean TTFT {ttft:+.1%}."
+        )
+    rate = _genai_value(fx, "Request Throughput (per sec)", "value", 1.0)
+    ttft = _genai_value(fx, "Time To First Token (ms)", "avg", 1e-3)
+    if fx.ours_again is not None and rate and ttft:
+        lines.append(
+            f"* genai-perf vs the second loadgen run: throughput "
+            f"{(rate - fx.ours_again.served_rate) / fx.ours_again.served_rate:+.1%}, mean TTFT "
+            f"{(ttft - fx.ours_again.ttft_mean) / fx.ours_again.ttft_mean:+.1%}."
+        )
+    return lines
 
 
 def fixed_load_section(fx: FixedLoadResult | None, tol: float) -> list[str]:
@@ -92,7 +140,8 @@ def fixed_load_section(fx: FixedLoadResult | None, tol: float) -> list[str]:
     lines.append(
         f"Closed loop, concurrency {fx.concurrency}, the same {fx.requests} real-text prompts of "
         f"{INPUT_TOKENS} tokens with {OUTPUT_TOKENS} output tokens each, in the same order, one "
-        "tool after the other on the bucketserve server (loadgen, perf_analyzer, genai-perf). "
+        "tool after the other on the bucketserve server (loadgen, perf_analyzer, genai-perf, "
+        "loadgen again). "
         "Commands and raw outputs: `perf_analyzer/`, `genai-perf/`."
     )
     rows, diffs = table(fx)
@@ -100,8 +149,8 @@ def fixed_load_section(fx: FixedLoadResult | None, tol: float) -> list[str]:
     rep = fx.pa_reported or {}
     if rep:
         lat = float(rep.get("Avg latency", "nan")) / 1e6
-        lines.append(f"| perf_analyzer's own report | | {rep.get('Inferences/Second')} infer/s, "
-                     f"avg latency {lat:.3f} s | | | |")  # fmt: skip
+        lines.append(f"| perf_analyzer's own report | | | | {rep.get('Inferences/Second')} "
+                     f"infer/s, avg latency {lat:.3f} s | | | |")  # fmt: skip
     for tool, err in (("perf_analyzer", fx.pa_error), ("genai-perf", fx.genai_error)):
         if err:
             lines += ["", f"{tool} did not complete: `{err}`"]
