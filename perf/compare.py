@@ -161,6 +161,27 @@ def main(argv: list[str] | None = None) -> int:
     plan = SweepPlan(
         pre.rates, pre.duration_s, pre.drain_s, pre.max_requests, pre.warmup, seed=a.seed
     )
+    targets, abl_notes = select_targets(a, pre)
+    hook = None if a.skip_fixed_load else fixed_load_hook(text, pre, out, a.seed)
+    auto = AutoRates(pre.rate_fractions, reqs)
+    results = [
+        run_sweep(
+            t, reqs, unit_times, plan, out, hook if t.label == FIXED_LOAD_POLICY else None, auto
+        )
+        for t in targets
+    ]
+    ctx = context(a, pre, date, len(reqs), time.perf_counter() - t_start)
+    rates = ", ".join(
+        f"{r:g}" for r in sorted({s.offered_rate for x in results for s in x.summaries})
+    )
+    ctx.update(arrival=arrival, workload_lines=wl_lines, slo_lines=slo_lines, slo_basis=SLO_BASIS,
+               rates=rates if pre.rates else f"{rates} ({auto.describe()})")  # fmt: skip
+    write_outputs(out, ctx, results, abl_notes)
+    return 0
+
+
+def select_targets(a: argparse.Namespace, pre: Preset) -> tuple[list[Target], list[str]]:
+    """Policies, ablations if asked, the fixed-load host; probe policy first with auto rates."""
     targets = [Target(p, p) for p in a.policies.split(",") if p]
     abl_targets, abl_notes = ablation_targets()
     if a.ablations:
@@ -169,27 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         abl_notes = ["Not requested (run with --ablations).", "", *abl_notes]
     if not a.skip_fixed_load and FIXED_LOAD_POLICY not in [t.label for t in targets]:
         targets.append(Target(FIXED_LOAD_POLICY, FIXED_LOAD_POLICY))  # host for the fixed load
-    hook = None if a.skip_fixed_load else fixed_load_hook(text, pre, out, a.seed)
-    auto = AutoRates(pre.rate_fractions, reqs)
     if not pre.rates:  # the capacity probe runs on the first server: the vLLM-like baseline
         targets.sort(key=lambda t: t.label != PROBE_POLICY)
-    results = [
-        run_sweep(
-            t, reqs, unit_times, plan, out, hook if t.label == FIXED_LOAD_POLICY else None, auto
-        )
-        for t in targets
-    ]
+    return targets, abl_notes
+
+
+def write_outputs(out: Path, ctx: dict, results: list, abl_notes: list[str]) -> None:
     fixed = next((r.extra for r in results if r.extra is not None), None)
-    ctx = context(a, pre, date, len(reqs), time.perf_counter() - t_start)
-    rates = ", ".join(
-        f"{r:g}" for r in sorted({s.offered_rate for x in results for s in x.summaries})
-    )
-    ctx.update(arrival=arrival, workload_lines=wl_lines, slo_lines=slo_lines, slo_basis=SLO_BASIS,
-               rates=rates if pre.rates else f"{rates} ({auto.describe()})")  # fmt: skip
     write_summary_csv(results, out / "summary.csv")
     write_report(out / "report.md", ctx, results, fixed, write_all(results, out), abl_notes)
     print(f"report: {out / 'report.md'} ({ctx['wall_s']:.0f} s)")
-    return 0
 
 
 def _exit_on_term(signum, _frame) -> None:

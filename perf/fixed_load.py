@@ -11,6 +11,7 @@ export); genai-perf by its own CSV. Each tool's client CPU time is measured (get
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ class FixedLoadResult:
     genai_error: str = ""
     samples: dict[str, list[float]] = field(default_factory=dict)  # "ours_ttft", "pa_e2e", ...
     cpu_s: dict[str, float] = field(default_factory=dict)  # client CPU seconds per tool
+    load: dict[str, float] = field(default_factory=dict)  # host 1-min load average at its start
 
 
 def fixed_requests(text: TextSource, n: int, seed: int) -> list[BenchRequest]:
@@ -118,12 +120,16 @@ def run_fixed_load(srv, text: TextSource, concurrency: int, requests: int, out: 
                    seed: int = 0, timeout_s: float = 300.0) -> FixedLoadResult:  # fmt: skip
     """loadgen, perf_analyzer, genai-perf, loadgen again: `requests` at `concurrency`."""
     reqs = fixed_requests(text, requests, seed)
+    load = {"loadgen": os.getloadavg()[0]}
     ours, records, cpu = _run_ours(srv, reqs, concurrency, out, "loadgen", timeout_s)
-    res = FixedLoadResult(concurrency, requests, ours)
+    res = FixedLoadResult(concurrency, requests, ours, load=load)
     res.samples.update(ours_ttft=_ok(records, "ttft_s"), ours_e2e=_ok(records, "e2e_s"))
     res.cpu_s["loadgen"] = cpu
+    res.load["perf_analyzer"] = os.getloadavg()[0]
     res.cpu_s["perf_analyzer"] = _timed_child(_run_pa, srv, reqs, res, out, timeout_s)
+    res.load["genai-perf"] = os.getloadavg()[0]
     res.cpu_s["genai-perf"] = _timed_child(_run_genai, srv, reqs, res, out, timeout_s)
+    res.load["loadgen again"] = os.getloadavg()[0]
     again, records, cpu = _run_ours(srv, reqs, concurrency, out, "loadgen_again", timeout_s)
     res.ours_again, res.cpu_s["loadgen again"] = again, cpu
     res.samples.update(again_ttft=_ok(records, "ttft_s"), again_e2e=_ok(records, "e2e_s"))

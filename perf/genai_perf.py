@@ -59,6 +59,7 @@ def run(
                OUTPUT_MEAN=str(lengths.pop()), INPUT_FILE=str(prompts))  # fmt: skip
     proc = subprocess.run([str(SCRIPT), url, str(out)], env=env, capture_output=True,
                           text=True, timeout=timeout_s)  # fmt: skip
+    (out / "genai_perf_command.txt").write_text(proc.stderr)  # the script's `set -x` trace
     found = sorted(out.glob("*/profile_export_genai_perf.csv"))
     if proc.returncode != 0 or not found:
         log = out / "genai_perf_stdout.txt"

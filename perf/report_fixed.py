@@ -63,10 +63,11 @@ def table(fx: FixedLoadResult) -> tuple[list[str], dict[tuple[str, str], float]]
         lines.append(
             f"| {label} | {'-' if ours is None else f'{ours:.4g}'} | {' | '.join(cells)} |"
         )
-    cpu = [f"{fx.cpu_s[t]:.2f}" if t in fx.cpu_s else "-" for t in ("loadgen", *TOOLS)]
-    lines.append(
-        "| client CPU time (s) | " + " | ".join([cpu[0], *(f"{c} | " for c in cpu[1:])]) + "|"
-    )
+    for label, values in (("client CPU time (s)", fx.cpu_s), ("host load avg at start", fx.load)):
+        cells = [f"{values[t]:.2f}" if t in values else "-" for t in ("loadgen", *TOOLS)]
+        lines.append(
+            f"| {label} | " + " | ".join([cells[0], *(f"{c} | " for c in cells[1:])]) + "|"
+        )
     return lines, diffs
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -14,6 +15,9 @@ from tests.parity.prompts import Prompt, build_prompts
 MAX_NEW_TOKENS = 64
 NUM_LOGIT_STEPS = 4  # HF logits kept per prompt (prefill + 3 decode steps)
 EOS_TOKEN_ID = 2
+# One torch thread by default: on a shared 2-core machine OpenMP's spin-waiting makes two
+# threads 5-10x slower than one; alone, two threads are only ~1.3x faster.
+TORCH_THREADS = int(os.environ.get("BUCKETSERVE_TEST_THREADS", "1"))
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,15 @@ class Reference:
         """The engine's equivalent of the reference's generation settings."""
         return SamplingParams(temperature=0, max_tokens=MAX_NEW_TOKENS,
                               ignore_eos=not self.prompt.stops_at_eos)  # fmt: skip
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torch_threads():
+    """Pin torch's CPU threads for the parity session (restored afterwards)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(TORCH_THREADS)
+    yield TORCH_THREADS
+    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 
-def decode_worker(model_dir: str, handle_json: str, table_name: str, jobs, results) -> None:
+def decode_worker(
+    model_dir: str, handle_json: str, table_name: str, threads: int, jobs, results
+) -> None:
     """Open the prefill pool, pull each hand-off's blocks, ack, then decode to completion."""
     from bucketserve.engine.block_manager import BlockManager
     from bucketserve.engine.config import EngineConfig
@@ -12,7 +14,8 @@ def decode_worker(model_dir: str, handle_json: str, table_name: str, jobs, resul
     from bucketserve.kv.handoff import HandoffTable
     from bucketserve.kv.transport import PoolHandle, copy_blocks, open_pool, release_pool
 
-    runner = ModelRunner(EngineConfig(model=model_dir, device="cpu", kv_cache_gb=0.5))
+    config = EngineConfig(model=model_dir, device="cpu", kv_cache_gb=0.5, num_threads=threads)
+    runner = ModelRunner(config)
     handle = PoolHandle.from_json(handle_json)
     src_pool, table = open_pool(handle), HandoffTable.open(table_name)
     bm = BlockManager(runner.num_blocks, runner.block_size)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.parity
 PREFILL_BATCH = 9  # several packed prefill batches, each handed off as it completes
 
 
-def test_prefill_and_decode_in_separate_processes(model_dir, references):
+def test_prefill_and_decode_in_separate_processes(model_dir, references, torch_threads):
     tag = f"{os.getpid() % 100000}{time.monotonic_ns() % 1000}"
     runner = ModelRunner(EngineConfig(model=model_dir, device="cpu", kv_cache_gb=0.5,
                                       pool_name=f"bs_par{tag}_kv"))  # fmt: skip
@@ -28,7 +28,7 @@ def test_prefill_and_decode_in_separate_processes(model_dir, references):
     ctx = mp.get_context("spawn")
     jobs, results = ctx.Queue(), ctx.Queue()
     worker = ctx.Process(target=decode_worker, daemon=True, args=(
-        model_dir, runner.pool_handle.to_json(), table.name, jobs, results))  # fmt: skip
+        model_dir, runner.pool_handle.to_json(), table.name, torch_threads, jobs, results))  # fmt: skip
     worker.start()
     try:
         bm = BlockManager(runner.num_blocks, runner.block_size)

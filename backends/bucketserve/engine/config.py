@@ -30,6 +30,7 @@ class EngineConfig:
     max_num_seqs: int = 256  # LLMEngine: decode batch cap
     max_num_batched_tokens: int = 16384  # LLMEngine: prefill batch token budget
     seed: int = 0  # dummy weights and unseeded sampling
+    num_threads: int | None = None  # CPU: torch threads for this process; None: torch's default
     optimize_weights: bool = True  # fuse projections, oneDNN-pack on CPU; False: HF layout
     pool_name: str | None = None  # shm / IPC name of the KV pool; None: generated
 
@@ -47,6 +48,7 @@ class EngineConfig:
         _check_min("num_blocks", self.num_blocks, 1)
         _check_min("max_model_len", self.max_model_len, 1)
         _check_min("max_num_seqs", self.max_num_seqs, 1)
+        _check_min("num_threads", self.num_threads, 1)
         _check_min("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if not self.kv_cache_gb > 0:
             raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")

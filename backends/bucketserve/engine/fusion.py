@@ -75,6 +75,7 @@ def pack_for_onednn(model: CausalLM) -> int:
         for name, child in parent.named_children()
         if isinstance(child, nn.Linear)
     ]
-    for parent, name, child in targets:
-        setattr(parent, name, OneDnnLinear(child))
+    packed = [OneDnnLinear(child) for _, _, child in targets]  # all or nothing
+    for (parent, name, _), linear in zip(targets, packed, strict=True):
+        setattr(parent, name, linear)
     return len(targets)

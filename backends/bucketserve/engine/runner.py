@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 
@@ -23,6 +24,8 @@ from bucketserve.engine.sequence import Sequence
 from bucketserve.engine.shapes import ModelConfig
 from bucketserve.engine.step_stats import StepStats
 
+log = logging.getLogger(__name__)
+
 
 class ModelRunner:
     """One model instance on one device with one paged KV pool."""
@@ -30,6 +33,10 @@ class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)
+        if config.num_threads and self.device.type == "cpu":
+            # Process-wide, on purpose: instances sharing a CPU must not oversubscribe it
+            # (OpenMP threads spin-wait; two 2-thread processes on 2 cores run ~5x slower).
+            torch.set_num_threads(config.num_threads)
         self.dtype = resolve_dtype(config.dtype, self.device)
         is_dummy = loader.is_dummy(config.model)
         self._model_dir = None if is_dummy else loader.resolve_model(config.model)
@@ -76,7 +83,11 @@ class ModelRunner:
         fuse_projections(self.model)
         is_packable = self.dtype in (torch.float32, torch.bfloat16)
         if self.device.type == "cpu" and is_packable and is_onednn_available():
-            pack_for_onednn(self.model)
+            try:
+                pack_for_onednn(self.model)
+            except RuntimeError as e:  # e.g. bf16 on a CPU without bf16 GEMMs
+                log.warning("oneDNN weight packing failed (%s); using torch linears", e)
+                return "torch"
             return "onednn"
         return "torch"
 

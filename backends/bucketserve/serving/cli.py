@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from bucketserve.serving.config import KNOWN_POLICIES, ServeConfig
@@ -55,10 +56,16 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
     )
 
 
+def interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     from bucketserve.serving.launcher import TritonServer
 
     server = TritonServer(serve_config(a))
+    # SIGTERM (docker stop, kill, a supervisor) shuts down as cleanly as Ctrl-C
+    signal.signal(signal.SIGTERM, interrupt)
     print(f"starting tritonserver (log: {server.log_path}) ...", flush=True)
     with server:
         print(

@@ -125,7 +125,8 @@ def parse_params(inputs: dict[str, np.ndarray], default_max_tokens: int) -> Gene
 
 
 def vllm_sampling(text: str | None) -> dict[str, Any]:
-    """Accept vLLM-backend style `sampling_parameters` JSON for the common keys."""
+    """Accept vLLM-backend style `sampling_parameters` JSON for the common keys (values may be
+    strings, as genai-perf sends them)."""
     if not text:
         return {}
     try:
@@ -134,7 +135,16 @@ def vllm_sampling(text: str | None) -> dict[str, Any]:
         raise ValueError(f"sampling_parameters must be a JSON object: {e}") from None
     if not isinstance(obj, dict):
         raise ValueError("sampling_parameters must be a JSON object")
-    return {k: obj[k] for k in VLLM_SAMPLING_KEYS if obj.get(k) is not None}
+    out = {}
+    for key in VLLM_SAMPLING_KEYS:
+        if obj.get(key) is None:
+            continue
+        kind = float if key in ("temperature", "top_p") else int
+        try:
+            out[key] = kind(obj[key])
+        except (TypeError, ValueError):
+            raise ValueError(f"sampling_parameters.{key} must be a number, got {obj[key]!r}") from None
+    return out
 
 
 def apply_slo(p: GenerateParams, values: dict[str, Any]) -> None:
