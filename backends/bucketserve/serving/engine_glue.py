@@ -18,15 +18,12 @@ def cpu_threads(cfg: ServeConfig) -> int:
 
 def build_runner(cfg: ServeConfig, device: str, pool_name: str):
     """A ModelRunner for one engine instance; its KV pool is exported under `pool_name`."""
-    import torch
-
     from bucketserve.engine.config import EngineConfig
     from bucketserve.engine.runner import ModelRunner
 
-    if device == "cpu":
-        torch.set_num_threads(cpu_threads(cfg))
-
     optional = {"kv_cache_gb": cfg.kv_cache_gb} if cfg.kv_cache_gb is not None else {}
+    if device == "cpu":
+        optional["num_threads"] = cpu_threads(cfg)
     if device.startswith("cuda"):  # instances sharing a GPU split its free memory
         sharing = (cfg.prefill_devices + cfg.decode_devices).count(device)
         optional["gpu_memory_utilization"] = round(0.9 / sharing, 3)
