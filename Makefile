@@ -25,6 +25,7 @@ serve: setup
 
 test: setup
 	$(VENV)/bin/ruff check backends client tests perf
+	$(VENV)/bin/ruff format --check backends client tests perf
 	$(VENV)/bin/python -m pytest -q -ra $(ARGS)
 
 lint: setup

@@ -38,9 +38,10 @@ def reference(server):
     with torch.inference_mode():
         for p in PROMPTS:
             ids = tok(p, return_tensors="pt").input_ids
-            gen = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 pad_token_id=tok.eos_token_id)
-            out[p] = tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
+            gen = model.generate(
+                ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tok.eos_token_id
+            )
+            out[p] = tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True)
     return out
 
 

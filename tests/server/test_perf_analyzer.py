@@ -21,19 +21,47 @@ def cuda_runtime_dir() -> str:
 
 
 def test_perf_analyzer_streaming_reports_throughput(server, tmp_path):
-    data = {"data": [
-        {"text_input": [f"Write one sentence about topic {i}."], "max_tokens": [12],
-         "min_tokens": [12], "stream": [True], "temperature": [0.0]} for i in range(4)]}
+    data = {
+        "data": [
+            {
+                "text_input": [f"Write one sentence about topic {i}."],
+                "max_tokens": [12],
+                "min_tokens": [12],
+                "stream": [True],
+                "temperature": [0.0],
+            }
+            for i in range(4)
+        ]
+    }
     (tmp_path / "input.json").write_text(json.dumps(data))
     binary = Path(sys.executable).parent / "perf_analyzer"
     env = {**os.environ, "LD_LIBRARY_PATH": cuda_runtime_dir()}
     proc = subprocess.run(
-        [str(binary), "-m", "bucketserve", "-i", "grpc", "-u", server.grpc_url, "--streaming",
-         "--concurrency-range", "2", "--input-data", str(tmp_path / "input.json"),
-         "--request-count", "8"],
-        env=env, capture_output=True, text=True, timeout=600)
+        [
+            str(binary),
+            "-m",
+            "bucketserve",
+            "-i",
+            "grpc",
+            "-u",
+            server.grpc_url,
+            "--streaming",
+            "--concurrency-range",
+            "2",
+            "--input-data",
+            str(tmp_path / "input.json"),
+            "--request-count",
+            "8",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    m = re.search(r"Concurrency: 2, throughput: ([\d.]+) infer/sec, latency (\d+) usec", proc.stdout)
+    m = re.search(
+        r"Concurrency: 2, throughput: ([\d.]+) infer/sec, latency (\d+) usec", proc.stdout
+    )
     assert m, proc.stdout[-2000:]
     assert float(m.group(1)) > 0 and int(m.group(2)) > 0
     assert "Successful request count: 8" in proc.stdout

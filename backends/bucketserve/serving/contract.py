@@ -143,7 +143,9 @@ def vllm_sampling(text: str | None) -> dict[str, Any]:
         try:
             out[key] = kind(obj[key])
         except (TypeError, ValueError):
-            raise ValueError(f"sampling_parameters.{key} must be a number, got {obj[key]!r}") from None
+            raise ValueError(
+                f"sampling_parameters.{key} must be a number, got {obj[key]!r}"
+            ) from None
     return out
 
 
