@@ -162,20 +162,17 @@ def apply_slo(p: GenerateParams, values: dict[str, Any]) -> None:
 
 
 def validate(p: GenerateParams) -> None:
-    if p.max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {p.max_tokens}")
-    if p.temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {p.temperature}")
-    if not 0.0 < p.top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {p.top_p}")
-    if p.top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 disables), got {p.top_k}")
-    if not 0 <= p.min_tokens <= p.max_tokens:
-        raise ValueError(
-            f"min_tokens must be in [0, max_tokens={p.max_tokens}], got {p.min_tokens}"
-        )
-    if p.seed is not None and not 0 <= p.seed < 2**63:
-        raise ValueError(f"seed must be in [0, 2**63), got {p.seed}")
+    """Sampling fields are checked by the engine's own SamplingParams (one set of limits)."""
+    from bucketserve.engine.sampling_params import SamplingParams  # torch-free
+
+    SamplingParams(
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        seed=p.seed,
+        min_tokens=p.min_tokens,
+        max_tokens=p.max_tokens,
+    )
     if p.slo_class not in SLO_CLASSES:
         raise ValueError(f"slo_class must be one of {SLO_CLASSES}, got {p.slo_class!r}")
 
