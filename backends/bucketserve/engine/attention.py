@@ -1,4 +1,5 @@
-"""Attention backends over the paged KV cache: flash-attn (GPU) and torch SDPA (anywhere)."""
+"""Attention backends over the paged KV cache: flash-attn (GPU), the C++ paged kernel (CPU,
+float32) and torch SDPA (anywhere)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-ATTENTION_BACKENDS = ("auto", "flash_attn", "sdpa", "triton")
+ATTENTION_BACKENDS = ("auto", "flash_attn", "cpu_paged", "sdpa", "triton")
 FLASH_BLOCK_MULTIPLE = 256  # flash-attn's paged KV wants page sizes divisible by 256
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -21,8 +22,8 @@ class AttentionMetadata:
     seq_lens: list[int]  # query tokens per sequence (prefill) / context length (decode)
     max_seqlen: int
     cu_seqlens: torch.Tensor | None = None  # [B + 1] int32, prefill only
-    block_tables: torch.Tensor | None = None  # [B, max_blocks] int32, flash-attn decode
-    context_lens: torch.Tensor | None = None  # [B] int32, flash-attn decode (incl. new token)
+    block_tables: torch.Tensor | None = None  # [B, max_blocks] int32, paged decode kernels
+    context_lens: torch.Tensor | None = None  # [B] int32, paged decode (incl. new token)
     decode_groups: list[DecodeGroup] | None = None  # SDPA decode
 
 
@@ -111,24 +112,43 @@ def resolve_backend_name(
         raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {requested!r}")
     can_flash = device.type == "cuda" and dtype in FLASH_DTYPES and is_flash_attn_available()
     if requested == "auto":
-        return "flash_attn" if can_flash else "sdpa"
+        if can_flash:
+            return "flash_attn"
+        return "cpu_paged" if _cpu_paged_problem(device, dtype) is None else "sdpa"
     if requested == "flash_attn" and not can_flash:
         raise ValueError(
             "attention='flash_attn' needs a CUDA device, dtype float16/bfloat16 and the "
             "flash_attn package"
         )
+    if requested == "cpu_paged" and (problem := _cpu_paged_problem(device, dtype)):
+        raise ValueError(f"attention='cpu_paged' {problem}")
     if requested == "triton":
         raise ValueError(
             "attention='triton' is not available yet (no Triton paged-decode kernel in this "
-            "build); use 'auto', 'sdpa' or 'flash_attn'"
+            "build); use 'auto', 'cpu_paged', 'sdpa' or 'flash_attn'"
         )
     return requested
+
+
+def _cpu_paged_problem(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the C++ CPU kernel cannot run here (None: it can)."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return f"needs device cpu and dtype float32, got {device.type} and {dtype}"
+    from bucketserve.engine import cpu_ops
+
+    if not cpu_ops.load():
+        return f"needs the C++ CPU kernels, which did not build: {cpu_ops.unavailable_reason()}"
+    return None
 
 
 def make_backend(name: str):
     """Backend object for a resolved name."""
     if name == "flash_attn":
         return FlashAttnBackend()
+    if name == "cpu_paged":
+        from bucketserve.engine.cpu_attention import CpuPagedBackend
+
+        return CpuPagedBackend()
     from bucketserve.engine.sdpa_attention import SdpaBackend
 
     return SdpaBackend()

@@ -1,5 +1,6 @@
-"""Inference-time weight transforms applied after loading (the eager HF layout stays the
-reference): fuse q/k/v and gate/up projections, and on CPU pre-pack weights for oneDNN."""
+"""Inference-time transforms applied after loading (the eager HF layout stays the reference):
+fuse q/k/v and gate/up projections; on CPU pre-pack weights for oneDNN and route RMSNorm,
+rotary embedding + KV store, and SwiGLU through the C++ kernels (engine/csrc/cpu_ops.cpp)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bucketserve.engine.model import MLP, Attention, CausalLM
+from bucketserve.engine.model import MLP, Attention, CausalLM, RMSNorm
 
 
 def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:
@@ -79,3 +80,43 @@ def pack_for_onednn(model: CausalLM) -> int:
     for (parent, name, _), linear in zip(targets, packed, strict=True):
         setattr(parent, name, linear)
     return len(targets)
+
+
+class CpuRMSNorm(RMSNorm):
+    """RMSNorm through the C++ kernel for [T, D] inputs (q/k norms keep the torch path)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2:
+            return super().forward(x)
+        return torch.ops.bucketserve.rms_norm(x, self.weight, self.eps)
+
+
+class CpuAttention(Attention):
+    """Attention whose rotary embedding and KV store run as one in-place C++ kernel."""
+
+    def _rope_and_store(self, q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
+        cos, sin = cos.squeeze(1), sin.squeeze(1)  # [T, hd]
+        torch.ops.bucketserve.rope_and_store_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+        return q, k
+
+
+class CpuMLP(MLP):
+    """SwiGLU whose silu(gate) * up is one C++ kernel."""
+
+    def _act_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return torch.ops.bucketserve.silu_and_mul(gate_up)
+
+
+CPU_KERNEL_CLASSES = {RMSNorm: CpuRMSNorm, Attention: CpuAttention, MLP: CpuMLP}
+
+
+def use_cpu_kernels(model: CausalLM) -> int:
+    """Switch RMSNorm, Attention and MLP modules to their C++-kernel subclasses (CPU float32,
+    after cpu_ops.load()); returns how many. The subclasses add no state, only forward paths."""
+    swapped = 0
+    for module in model.modules():
+        fast = CPU_KERNEL_CLASSES.get(type(module))
+        if fast is not None:
+            module.__class__ = fast
+            swapped += 1
+    return swapped

@@ -63,13 +63,18 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        q, k = self._rope_and_store(q, k, v, cos, sin, k_cache, v_cache, meta.slot_mapping)
         if meta.is_prefill:
             out = backend.prefill(q, k, v, meta, self.scale)
         else:
             out = backend.decode(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, -1))
+
+    def _rope_and_store(self, q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
+        """Rotate q [T, H, hd] and k [T, KVH, hd] (cos, sin: [T, 1, hd]), cache k and v."""
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        store_kv(k, v, k_cache, v_cache, slot_mapping)
+        return q, k
 
 
 class MLP(nn.Module):
@@ -87,8 +92,12 @@ class MLP(nn.Module):
         """x: [T, D] -> [T, D]."""
         if self.gate_up_proj is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, F] each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self._act_and_mul(self.gate_up_proj(x)))
+
+    def _act_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up: [T, 2F] -> silu(gate) * up [T, F]."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
 
 class DecoderLayer(nn.Module):

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from bucketserve.engine import loader
+from bucketserve.engine import cpu_ops, loader
 from bucketserve.engine.attention import (
     FLASH_BLOCK_MULTIPLE,
     AttentionMetadata,
@@ -17,7 +17,12 @@ from bucketserve.engine.attention import (
     resolve_backend_name,
 )
 from bucketserve.engine.config import EngineConfig, resolve_device, resolve_dtype
-from bucketserve.engine.fusion import fuse_projections, is_onednn_available, pack_for_onednn
+from bucketserve.engine.fusion import (
+    fuse_projections,
+    is_onednn_available,
+    pack_for_onednn,
+    use_cpu_kernels,
+)
 from bucketserve.engine.kv_pool import allocate_kv_pool, auto_num_blocks
 from bucketserve.engine.sampler import Sampler, SampleRow
 from bucketserve.engine.sequence import Sequence
@@ -48,6 +53,7 @@ class ModelRunner:
             self.model_config, self._model_dir, self.device,
             self.dtype, self.model_config.max_model_len, config.seed,
         )  # fmt: skip
+        self.elementwise_impl = "torch"  # "cpp": norms, rope, SwiGLU through engine/csrc
         self.linear_impl = self._optimize() if config.optimize_weights else "torch"
         self.num_blocks = config.num_blocks or auto_num_blocks(
             config, self.device, self.block_size, self.model_config
@@ -81,6 +87,9 @@ class ModelRunner:
 
     def _optimize(self) -> str:
         fuse_projections(self.model)
+        if self.device.type == "cpu" and self.dtype == torch.float32 and cpu_ops.load():
+            use_cpu_kernels(self.model)
+            self.elementwise_impl = "cpp"
         is_packable = self.dtype in (torch.float32, torch.bfloat16)
         if self.device.type == "cpu" and is_packable and is_onednn_available():
             try:

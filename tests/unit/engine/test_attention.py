@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from bucketserve.engine import cpu_ops
 from bucketserve.engine.attention import AttentionMetadata, resolve_backend_name, store_kv
 from bucketserve.engine.sdpa_attention import SdpaBackend, plan_decode_groups
 
@@ -80,10 +81,18 @@ def test_store_kv_writes_flat_slots():
     assert k_cache.sum() == 2 * KVH * D
 
 
-def test_backend_selection_on_cpu():
+def test_backend_selection_on_cpu(monkeypatch):
     cpu = torch.device("cpu")
-    assert resolve_backend_name("auto", cpu) == "sdpa"
+    assert resolve_backend_name("auto", cpu, torch.float32) == "cpu_paged"
+    assert resolve_backend_name("cpu_paged", cpu, torch.float32) == "cpu_paged"
+    assert resolve_backend_name("auto", cpu, torch.bfloat16) == "sdpa"
     assert resolve_backend_name("sdpa", cpu) == "sdpa"
+    with pytest.raises(ValueError, match="needs device cpu and dtype float32"):
+        resolve_backend_name("cpu_paged", cpu, torch.bfloat16)
+    monkeypatch.setattr(cpu_ops, "load", lambda: False)  # a machine without a C++ compiler
+    assert resolve_backend_name("auto", cpu, torch.float32) == "sdpa"
+    with pytest.raises(ValueError, match="C\\+\\+ CPU kernels, which did not build"):
+        resolve_backend_name("cpu_paged", cpu, torch.float32)
     with pytest.raises(ValueError, match="needs a CUDA device"):
         resolve_backend_name("flash_attn", cpu)
     with pytest.raises(ValueError, match="attention must be one of"):

@@ -27,7 +27,8 @@ def test_metadata(tiny_runner):
     )
     assert mc.vocab_size == 49152 and mc.eos_token_ids == (2,)
     assert mc.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
-    assert r.attention_backend == "sdpa" and r.block_size == 4 and r.num_blocks == 96
+    assert r.attention_backend == "cpu_paged" and r.block_size == 4 and r.num_blocks == 96
+    assert r.elementwise_impl == "cpp" and r.linear_impl == "onednn"
     assert tuple(r.pool.shape) == (2, 2, 96, 4, 2, 16) and r.pool_handle.num_blocks == 96
 
 

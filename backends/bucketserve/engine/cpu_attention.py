@@ -1,0 +1,27 @@
+"""CPU attention: SDPA prefill, and a C++ paged decode kernel that reads the KV pool through
+the block tables (no gather copy, no padding mask). float32."""
+
+from __future__ import annotations
+
+import torch
+
+from bucketserve.engine.attention import AttentionMetadata, padded_tables
+from bucketserve.engine.sdpa_attention import SdpaBackend
+
+
+class CpuPagedBackend(SdpaBackend):
+    """SdpaBackend with decode replaced by torch.ops.bucketserve.paged_attention_decode."""
+
+    name = "cpu_paged"
+
+    def prepare_decode(self, meta, tables, context_lens, block_size, to_tensor) -> None:
+        """Fill meta with the padded block table and context lengths."""
+        num_blocks = -(-max(context_lens) // block_size)
+        meta.block_tables = to_tensor(padded_tables(tables, num_blocks), torch.int32)
+        meta.context_lens = to_tensor(context_lens, torch.int32)
+
+    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """q: [B, H, D]; caches [num_blocks, block_size, KVH, D] -> [B, H, D]."""
+        return torch.ops.bucketserve.paged_attention_decode(
+            q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale
+        )

@@ -1,0 +1,145 @@
+"""C++ CPU kernels (engine/csrc/cpu_ops.cpp) against their torch reference implementations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from bucketserve.engine import cpu_ops
+from bucketserve.engine.attention import AttentionMetadata, store_kv
+from bucketserve.engine.config import EngineConfig
+from bucketserve.engine.cpu_attention import CpuPagedBackend
+from bucketserve.engine.model import RMSNorm
+from bucketserve.engine.rope import apply_rope
+from bucketserve.engine.runner import ModelRunner
+from bucketserve.engine.sdpa_attention import SdpaBackend
+
+from tests.unit.engine.helpers import prefill_seqs, rel_err
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    """The kernels must build on the test machine: a failed build fails, never skips."""
+    assert cpu_ops.load(), cpu_ops.unavailable_reason()
+    return torch.ops.bucketserve
+
+
+def _paged(lengths, block, kv_heads, head_dim, gen, num_blocks=64):
+    k_cache = torch.randn(num_blocks, block, kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(num_blocks, block, kv_heads, head_dim, generator=gen)
+    ids = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, start = [], 0
+    for n in lengths:
+        need = -(-n // block)
+        tables.append(ids[start : start + need])
+        start += need
+    return k_cache, v_cache, tables
+
+
+def _decode(backend, q, k_cache, v_cache, tables, lengths):
+    meta = AttentionMetadata(is_prefill=False, slot_mapping=torch.zeros(len(lengths)),
+                             seq_lens=lengths, max_seqlen=max(lengths))  # fmt: skip
+    to_tensor = lambda data, dtype: torch.tensor(data, dtype=dtype)  # noqa: E731
+    backend.prepare_decode(meta, tables, lengths, k_cache.shape[1], to_tensor)
+    return backend.decode(q, k_cache, v_cache, meta, scale=q.shape[-1] ** -0.5)
+
+
+@pytest.mark.parametrize(
+    "lengths, heads, kv_heads, block",
+    [
+        ([1], 4, 4, 4),  # one token, no GQA, a single sequence (heads split across threads)
+        ([5, 1, 17, 64, 3], 6, 2, 4),  # partial last blocks, groups of 3
+        ([200, 7], 8, 1, 16),  # long context, all heads on one KV head
+        ([9] * 12, 9, 3, 16),  # SmolLM2's head layout, more sequences than threads
+    ],
+)
+def test_paged_attention_matches_sdpa(lengths, heads, kv_heads, block):
+    gen = torch.Generator().manual_seed(len(lengths))
+    k_cache, v_cache, tables = _paged(lengths, block, kv_heads, 32, gen)
+    q = torch.randn(len(lengths), heads, 32, generator=gen)
+    ours = _decode(CpuPagedBackend(), q, k_cache, v_cache, tables, lengths)
+    ref = _decode(SdpaBackend(), q, k_cache, v_cache, tables, lengths)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_attention_rejects_tables_outside_the_pool(kernels):
+    k_cache = torch.zeros(4, 4, 1, 8)
+    q = torch.zeros(1, 2, 8)
+    with pytest.raises(RuntimeError, match=r"block_tables\[0\]\[1\] = 9 is outside the pool of 4"):
+        kernels.paged_attention_decode(
+            q, k_cache, k_cache, torch.tensor([[0, 9]]), torch.tensor([6]), 1.0
+        )
+    with pytest.raises(RuntimeError, match=r"context_lens\[0\] = 9 is outside \[1, 8\]"):
+        kernels.paged_attention_decode(
+            q, k_cache, k_cache, torch.tensor([[0, 1]]), torch.tensor([9]), 1.0
+        )
+    with pytest.raises(RuntimeError, match="q must be float32"):
+        kernels.paged_attention_decode(
+            q.double(), k_cache, k_cache, torch.tensor([[0]]), torch.tensor([1]), 1.0
+        )
+
+
+@pytest.mark.parametrize("rows", [1, 16, 100])
+def test_rms_norm_matches_reference(kernels, rows):
+    norm = RMSNorm(576, 1e-5)
+    torch.nn.init.normal_(norm.weight)
+    x = 4 * torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
+    ours = kernels.rms_norm(x, norm.weight.detach(), norm.eps)
+    assert rel_err(ours, norm(x).detach()) < 1e-6
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_silu_and_mul_matches_reference(kernels, rows):
+    x = 8 * torch.randn(rows, 2 * 96, generator=torch.Generator().manual_seed(rows))
+    gate, up = x.chunk(2, dim=-1)
+    assert rel_err(kernels.silu_and_mul(x), F.silu(gate) * up) < 1e-6
+
+
+def test_rope_and_store_kv_matches_reference(kernels):
+    tokens, heads, kv_heads, dim = 37, 6, 2, 16
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k = q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)  # strided views
+    v = v.view(tokens, kv_heads, dim)
+    angles = 20 * torch.rand(tokens, dim, generator=gen)
+    cos, sin = angles.cos(), angles.sin()
+    slots = torch.randperm(80, generator=gen)[:tokens]
+    ref_q, ref_k = (
+        apply_rope(q, cos[:, None], sin[:, None]),
+        apply_rope(k, cos[:, None], sin[:, None]),
+    )
+    ref_kc, ref_vc = torch.zeros(20, 4, kv_heads, dim), torch.zeros(20, 4, kv_heads, dim)
+    store_kv(ref_k, v, ref_kc, ref_vc, slots)
+    k_cache, v_cache = torch.zeros_like(ref_kc), torch.zeros_like(ref_vc)
+    kernels.rope_and_store_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
+    torch.testing.assert_close(q, ref_q, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k, ref_k, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k_cache, ref_kc, rtol=1e-6, atol=1e-6)
+    assert torch.equal(v_cache, ref_vc)
+    with pytest.raises(RuntimeError, match=r"slot_mapping\[0\] = 80 is outside the cache's 80"):
+        kernels.rope_and_store_kv(q, k, v, cos, sin, k_cache, v_cache, slots.fill_(80))
+
+
+@pytest.mark.parametrize("model", ["dummy:tiny", "dummy:tiny-qwen3"])
+def test_runner_with_kernels_matches_eager_reference(model):
+    """The fast path (C++ kernels, fused oneDNN linears) against the plain HF-layout model."""
+    from bucketserve.engine.block_manager import BlockManager
+
+    prompts = [list(range(10, 10 + n)) for n in (1, 4, 9, 30)]
+    logits = {}
+    for fast in (True, False):
+        config = EngineConfig(model=model, device="cpu", num_blocks=64, block_size=4,
+                              optimize_weights=fast, attention="auto" if fast else "sdpa")  # fmt: skip
+        runner = ModelRunner(config)
+        assert runner.elementwise_impl == ("cpp" if fast else "torch")
+        bm = BlockManager(runner.num_blocks, runner.block_size)
+        seqs = prefill_seqs(runner, bm, prompts)
+        prefill = runner.prefill_logits(seqs)
+        for seq in seqs:
+            seq.append_token(7)
+            bm.ensure_slot(seq)
+        logits[fast] = (prefill, runner.decode_logits(seqs))
+        runner.close()
+    for ours, ref in zip(logits[True], logits[False], strict=True):
+        assert rel_err(ours, ref) < 1e-5
