@@ -22,12 +22,12 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
-CFLAGS = [
+CFLAGS = (
     "-O3", "-march=native", "-fopenmp",
     # Let the compiler reorder float sums into vector lanes (dot products, softmax sums).
     "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-fno-math-errno",
-]  # fmt: skip
-LDFLAGS = ["-fopenmp"]  # libgomp resolves to the copy torch already loaded (same soname)
+)  # fmt: skip
+LDFLAGS = ("-fopenmp",)  # libgomp resolves to the copy torch already loaded (same soname)
 CACHE_ROOT = Path(os.environ.get("BUCKETSERVE_CACHE", Path.home() / ".cache" / "bucketserve"))
 
 _loaded: bool | None = None
@@ -47,9 +47,7 @@ def _cpu_tag() -> str:
 
 def library_name() -> str:
     """Extension name unique to this source, these flags, this torch and this CPU."""
-    key = "\n".join(
-        [SOURCE.read_text(), *CFLAGS, *LDFLAGS, torch.__version__, _cpu_tag()]
-    )
+    key = "\n".join([SOURCE.read_text(), *CFLAGS, *LDFLAGS, torch.__version__, _cpu_tag()])
     return "bucketserve_cpu_ops_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -89,7 +87,8 @@ def _load_library() -> None:
     build_dir.mkdir(parents=True, exist_ok=True)
     log.info("building C++ CPU kernels into %s (once)", build_dir)
     cpp_extension.load(
-        name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
+        # Copies: torch's loader appends to the flag lists it is given.
+        name=name, sources=[str(SOURCE)], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
         build_directory=str(build_dir), is_python_module=False, verbose=False,
     )  # fmt: skip
 
