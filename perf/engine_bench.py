@@ -186,6 +186,15 @@ def ours_config(args: Args):
     return model_config_for(args.model, dtype=str(_dtype(args)).removeprefix("torch."))
 
 
+def print_speedups(batch: int, rates: dict) -> None:
+    """bucketserve / transformers tokens/s per phase, to stderr (stdout stays JSON lines)."""
+    for phase in ("prefill", "decode"):
+        ours, theirs = rates.get(("bucketserve", phase)), rates.get(("transformers", phase))
+        if ours and theirs:
+            print(f"batch {batch} {phase}: bucketserve {ours} vs transformers {theirs} "
+                  f"tokens/s = {ours / theirs:.2f}x", file=sys.stderr, flush=True)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the comparison and print JSON lines."""
     args = parse_args(argv)
@@ -202,12 +211,15 @@ def main(argv: list[str] | None = None) -> None:
     out = open(args.output, "a") if args.output else None  # noqa: SIM115
     for batch in (int(b) for b in sizes.split(",")):
         prompts = make_prompts(tokenizer_dir, batch, args.prompt_len, args.seed + batch)
+        rates = {}
         for bench in benches:  # same prompts, interleaved per batch size
             for rec in records(bench, batch, measure(bench, prompts, args), args, meta):
+                rates[rec["impl"], rec["phase"]] = rec["tokens_per_s"]
                 line = json.dumps(rec)
                 print(line, flush=True)
                 if out:
                     out.write(line + "\n")
+        print_speedups(batch, rates)
     if ours:
         ours.runner.close()
     if out:

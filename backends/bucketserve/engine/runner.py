@@ -65,6 +65,13 @@ class ModelRunner:
         self.sampler = Sampler(self.device, config.seed)
         self.stats = StepStats()
 
+    def describe(self) -> str:
+        """One line for logs: model, device, dtype and which implementation runs each part."""
+        return (f"{self.config.model} on {self.device} {str(self.dtype).removeprefix('torch.')}: "
+                f"attention {self.attention_backend}, linears {self.linear_impl}, "
+                f"norms/rope/SwiGLU {self.elementwise_impl}, "
+                f"{self.num_blocks} KV blocks of {self.block_size} tokens")  # fmt: skip
+
     @property
     def tokenizer_dir(self) -> str:
         """Directory with the tokenizer (SmolLM2's for dummy shapes, resolved on first use)."""

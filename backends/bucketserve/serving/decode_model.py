@@ -61,6 +61,7 @@ class DecodeModel:
         runner = build_runner(
             cfg, cfg.decode_devices[index], shm_name(cfg.run_id, "decode", index, "kv")
         )
+        pb_utils.Logger.log_info(f"{self.name}: {runner.describe()}")
         self.blocks = BlockManager(runner.num_blocks, runner.block_size)
         self.stats = StatsBlock.create(shm_name(cfg.run_id, "decode", index, "st"))
         tokenizer = load_tokenizer(model_info(cfg)).backend_tokenizer

@@ -103,6 +103,7 @@ class PrefillModel:
     def initialize(self, args: dict) -> None:
         cfg = ServeConfig.read(model_parameter(args, "run_config"))
         self.worker = PrefillWorker(cfg, instance_index(args))
+        pb_utils.Logger.log_info(f"prefill{self.worker.index}: {self.worker.runner.describe()}")
         self.kv_metrics = KvMetrics(f"prefill{self.worker.index}")
         self.stop_event = threading.Event()
         self.thread = threading.Thread(
