@@ -49,16 +49,6 @@ struct PagedKv {
   int64_t block_stride, token_stride, head_stride, block_size, head_dim;
 };
 
-// Ask for the next block's rows of heads [h0, h1) while this block is being computed on.
-inline void prefetch_block(const float* block, const PagedKv& kv, int64_t h0, int64_t h1) {
-  constexpr int64_t kLineFloats = 64 / sizeof(float);
-  for (int64_t t = 0; t < kv.block_size; ++t) {
-    const float* row = block + t * kv.token_stride + h0 * kv.head_stride;
-    const int64_t span = (h1 - h0 - 1) * kv.head_stride + kv.head_dim;
-    for (int64_t i = 0; i < span; i += kLineFloats) __builtin_prefetch(row + i);
-  }
-}
-
 // Attention of query heads [h0 * G, h1 * G) of one sequence over its n cached tokens.
 // q: that sequence's [H, D] rows (row stride q_stride); out: its [H, D] output rows;
 // scores: room for (h1 - h0) * G * n floats.
@@ -69,7 +59,6 @@ void attend(const PagedKv& kv, const int32_t* table, int64_t n, int64_t h0, int6
   const int64_t num_blocks = (n + bs - 1) / bs;
   std::vector<float> row_max(rows, -std::numeric_limits<float>::infinity());
   for (int64_t i = 0; i < num_blocks; ++i) {
-    if (i + 1 < num_blocks) prefetch_block(kv.k + table[i + 1] * kv.block_stride, kv, h0, h1);
     const float* block = kv.k + table[i] * kv.block_stride;
     for (int64_t t = i * bs; t < std::min(n, (i + 1) * bs); ++t) {
       const float* token = block + (t - i * bs) * kv.token_stride;
@@ -84,7 +73,6 @@ void attend(const PagedKv& kv, const int32_t* table, int64_t n, int64_t h0, int6
       }
     }
   }
-  if (num_blocks > 0) prefetch_block(kv.v + table[0] * kv.block_stride, kv, h0, h1);
   std::vector<float> row_sum(rows);
   for (int64_t r = 0; r < rows; ++r) {
     float* sr = scores + r * n;
@@ -99,7 +87,6 @@ void attend(const PagedKv& kv, const int32_t* table, int64_t n, int64_t h0, int6
   float* out_rows = out + h0 * group * dim;
   std::fill(out_rows, out_rows + rows * dim, 0.f);
   for (int64_t i = 0; i < num_blocks; ++i) {
-    if (i + 1 < num_blocks) prefetch_block(kv.v + table[i + 1] * kv.block_stride, kv, h0, h1);
     const float* block = kv.v + table[i] * kv.block_stride;
     for (int64_t t = i * bs; t < std::min(n, (i + 1) * bs); ++t) {
       const float* token = block + (t - i * bs) * kv.token_stride;
