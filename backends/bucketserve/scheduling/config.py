@@ -34,10 +34,14 @@ class SchedulerConfig:
     # bucketserve (faithful): Eq. 6 safety factor and the offline order inside buckets
     memory_safety: float = 0.9
     offline_order: str = "sjf"
+    # bucketserve (faithful) ablations, each turns one component off:
+    enable_bucketing: bool = True  # False: one bucket for all lengths (no Algorithm 1)
+    enable_batch_controller: bool = True  # False: static_batch_size instead of Eq. 6
+    enable_priority: bool = True  # False: oldest request first, online or not; FCFS inside
     bucket_cap: int | None = None  # not in the paper: stop Algorithm 1 splitting at this many
     # fcfs / distserve: prefill token budget per batch (None: max(max_model_len, 2048), vLLM's)
     max_batched_tokens: int | None = None
-    # static: fixed batch size (HF generate / UELLM style)
+    # static (and bucketserve without its batch controller): fixed batch size
     static_batch_size: int = 32
     # bucketserve+: boundaries, batch cap, EDF scan depth, latency-model prior
     max_buckets: int = 8

@@ -7,6 +7,10 @@
   re-run on every arrival and before every decision.
 The decode side is continuous batching on the engine; admission here only keeps each batch's
 prompts (plus one token each, vLLM-style on-demand growth) inside the decode pool.
+
+Ablations (SchedulerConfig.enable_*): without bucketing every request shares one bucket;
+without the batch controller a batch is static_batch_size requests (the block budget still
+applies); without priority the oldest request's bucket goes first and is served FCFS.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class BucketServeScheduler(BaseScheduler):
         self.last_action = "none"
 
     def _rebalance(self) -> None:
+        if not self.config.enable_bucketing:
+            return
         n_max = self.controller.n_max(self.buckets.mean_len())
         if n_max is not None:
             self.last_action = rebalance(self.buckets, n_max, cap=self.config.bucket_cap)
@@ -57,6 +63,12 @@ class BucketServeScheduler(BaseScheduler):
         self._rebalance()
 
     def _preferred(self, now: float) -> Ordered:
+        if not self.config.enable_priority:
+            bucket = min(
+                (b for b in self.buckets.buckets if b.requests),
+                key=lambda b: b.oldest().arrival_s,
+            )
+            return iter(bucket.requests.values()), (bucket.low, bucket.high)
         bucket = oldest_bucket(self.buckets.buckets, True) or oldest_bucket(
             self.buckets.buckets, False
         )
@@ -75,11 +87,14 @@ class BucketServeScheduler(BaseScheduler):
     ) -> list[RequestMeta]:
         """Eq. 6: the longest prefix whose prompt lengths fit M_safe (at least one if it fits)."""
         capacity = self.controller.last_capacity or 0
+        is_static = not self.config.enable_batch_controller
         chosen: list[RequestMeta] = []
         total = 0
         for meta in ordered:
             total += meta.prompt_len
-            if chosen and total > capacity:
+            if is_static and len(chosen) == self.config.static_batch_size:
+                break
+            if not is_static and chosen and total > capacity:
                 break
             if not self._claim(meta, budget):
                 break

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 
@@ -33,6 +34,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
     p.add_argument("--log-verbose", type=int, default=d.log_verbose)
+    p.add_argument(
+        "--scheduler", type=json.loads, default=d.scheduler, metavar="JSON",
+        help='SchedulerConfig overrides, e.g. \'{"enable_bucketing": false}\' (ablations)',
+    )  # fmt: skip
 
 
 def serve_config(a: argparse.Namespace) -> ServeConfig:
@@ -53,6 +58,7 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         max_model_len=a.max_model_len,
         default_max_tokens=a.default_max_tokens,
         log_verbose=a.log_verbose,
+        scheduler=a.scheduler,
     )
 
 

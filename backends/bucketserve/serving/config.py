@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+from bucketserve.scheduling.config import SchedulerConfig
 
 DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
 KNOWN_POLICIES = ("static", "fcfs", "distserve", "bucketserve", "bucketserve+")
@@ -40,6 +42,7 @@ class ServeConfig:
         0.0  # 0: send whenever the sender is free (coalesce only when behind)
     )
     log_verbose: int = 0
+    scheduler: dict = field(default_factory=dict)  # SchedulerConfig overrides, e.g. ablations
     model_dir: str = ""  # filled by the launcher: the resolved local checkpoint directory
 
     def __post_init__(self) -> None:
@@ -66,6 +69,23 @@ class ServeConfig:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
         if self.run_id and not re.match(r"^[A-Za-z0-9]{1,12}$", self.run_id):
             raise ValueError(f"run_id must be 1-12 letters or digits, got {self.run_id!r}")
+        self.scheduler_config(max_model_len=2048)  # raises on unknown or invalid options
+
+    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        """The SchedulerConfig for a model context of max_model_len, with `scheduler` applied."""
+        derived = {"max_model_len", "block_size"}
+        known = {f.name for f in fields(SchedulerConfig)} - derived
+        unknown = sorted(set(self.scheduler) - known)
+        if unknown:
+            raise ValueError(
+                f"scheduler: unknown option(s) {unknown}; known: {', '.join(sorted(known))}"
+            )
+        for name in ("enable_bucketing", "enable_batch_controller", "enable_priority"):
+            if not isinstance(self.scheduler.get(name, True), bool):
+                raise ValueError(f"scheduler.{name} must be true or false")
+        return SchedulerConfig(
+            max_model_len=max_model_len, block_size=self.block_size or 16, **self.scheduler
+        )
 
     @property
     def run_path(self) -> Path:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from bucketserve.scheduling import ClusterView, RequestMeta, SchedulerConfig, make_scheduler
+from bucketserve.scheduling import ClusterView, RequestMeta, make_scheduler
 from bucketserve.serving.cluster import ClusterStats
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import GenerateParams
@@ -59,9 +59,7 @@ class SchedulerModel:
     def initialize(self, args: dict) -> None:
         self.cfg = ServeConfig.read(model_parameter(args, "run_config"))
         info = model_info(self.cfg)
-        sched_cfg = SchedulerConfig(
-            max_model_len=info.max_model_len, block_size=self.cfg.block_size or 16
-        )
+        sched_cfg = self.cfg.scheduler_config(info.max_model_len)
         self.sched = make_scheduler(self.cfg.policy, sched_cfg, time.monotonic)
         self.cluster = ClusterStats(self.cfg)
         self.metrics = SchedulerMetrics(self.cfg.policy)

@@ -137,6 +137,41 @@ def test_bucketserve_eq6_caps_batch(clock):
     assert s.next_batch(view(p_free=200, total=1000)).size == 2
 
 
+def test_bucketserve_without_bucketing_keeps_one_bucket(clock):
+    full, ablated = make("bucketserve", clock), make("bucketserve", clock, enable_bucketing=False)
+    for s in (full, ablated):
+        s.add(req("long", 3000, t=0.0))
+        for i in range(7):
+            s.add(req(f"s{i}", 50 + i, t=1.0 + i))
+    small = view(d_free=220, total=1000)  # Eq. 6 capacity 3,168 tokens, as in the test above
+    assert full.next_batch(small).request_ids == ["long"]  # alone in its bucket
+    assert full.buckets.boundaries() == [(0, 2048), (2048, 4096)]
+    # one bucket: the short prompts fill the rest of the Eq. 6 capacity next to the long one
+    assert ablated.next_batch(small).request_ids == ["long", "s0", "s1", "s2"]
+    assert ablated.buckets.boundaries() == [(0, 4096)]
+    assert ablated.snapshot().to_dict()["bucket_boundaries"] == [[0, 4096]]
+
+
+def test_bucketserve_without_batch_controller_uses_static_size(clock):
+    s = make("bucketserve", clock, enable_batch_controller=False, static_batch_size=3)
+    for i in range(10):
+        s.add(req(f"r{i}", 1000))
+    # Eq. 6 would allow two 1,000-token prompts (test_bucketserve_eq6_caps_batch); the static
+    # size takes three, still inside the block budget (3 x 63 blocks of 200 free prefill blocks)
+    assert s.next_batch(view(p_free=200, total=1000)).size == 3
+    assert s.next_batch(view(p_free=100, total=1000)).size == 1  # the block budget still binds
+
+
+def test_bucketserve_without_priority_serves_oldest_first(clock):
+    full, ablated = make("bucketserve", clock), make("bucketserve", clock, enable_priority=False)
+    for s in (full, ablated):
+        for rid, n, t, slo in (("c", 30, 0.0, "offline"), ("a", 10, 0.5, "offline"),
+                               ("b", 20, 1.0, "online")):  # fmt: skip
+            s.add(req(rid, n, t=t, slo_class=slo))
+    assert full.next_batch(view()).request_ids == ["b", "a", "c"]  # online first, then SJF
+    assert ablated.next_batch(view()).request_ids == ["c", "a", "b"]  # arrival order
+
+
 def test_plus_reserves_expected_output(clock):
     s = make("bucketserve+", clock, expected_output_tokens=16)
     for i in range(3):

@@ -1,0 +1,58 @@
+"""ServeConfig validation and the scheduler overrides it carries (ablations)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from bucketserve.serving.cli import main as cli_main
+from bucketserve.serving.cli import serve_config
+from bucketserve.serving.config import ServeConfig
+
+PERF = Path(__file__).resolve().parents[3] / "perf"
+
+
+def test_scheduler_overrides_reach_the_scheduler_config(tmp_path):
+    cfg = ServeConfig(scheduler={"enable_bucketing": False, "max_wait_s": 5.0}, block_size=32)
+    cfg.write(tmp_path / "run.json")
+    sched = ServeConfig.read(tmp_path / "run.json").scheduler_config(max_model_len=4096)
+    assert (sched.enable_bucketing, sched.max_wait_s, sched.block_size) == (False, 5.0, 32)
+    assert sched.enable_batch_controller and sched.enable_priority and sched.max_model_len == 4096
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "message"),
+    [
+        ({"enable_buckets": False}, r"scheduler: unknown option\(s\) \['enable_buckets'\]"),
+        ({"max_model_len": 10}, r"unknown option\(s\) \['max_model_len'\]"),  # derived
+        ({"enable_priority": "no"}, "scheduler.enable_priority must be true or false"),
+        ({"watermark": 0.9}, r"watermark must be in \[0.0, 0.5\]"),
+    ],
+)
+def test_bad_scheduler_overrides_name_the_option(scheduler, message):
+    with pytest.raises(ValueError, match=message):
+        ServeConfig(scheduler=scheduler)
+
+
+def test_cli_scheduler_json_reaches_serve_config(monkeypatch):
+    seen = {}
+    monkeypatch.setattr("bucketserve.serving.cli.cmd_serve", lambda a: seen.setdefault("a", a))
+    cli_main(["serve", "--scheduler", '{"enable_priority": false}'])
+    assert serve_config(seen["a"]).scheduler == {"enable_priority": False}
+
+
+def test_every_ablation_has_a_switch(monkeypatch):
+    monkeypatch.syspath_prepend(str(PERF))
+    sys.modules.pop("ablations", None)
+    from ablations import ablation_targets
+
+    targets, notes = ablation_targets()
+    assert {t.label: t.overrides for t in targets} == {
+        "bucketserve-no-bucketing": {"scheduler": {"enable_bucketing": False}},
+        "bucketserve-no-batch-controller": {"scheduler": {"enable_batch_controller": False}},
+        "bucketserve-no-priority": {"scheduler": {"enable_priority": False}},
+    }
+    assert not any("not run" in n for n in notes)
+    for target in targets:  # each one is a valid server configuration
+        ServeConfig(policy=target.policy, **target.overrides)
