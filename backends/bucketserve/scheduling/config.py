@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 RESERVE_MODES = ("none", "expected", "max")
 OFFLINE_ORDERS = ("sjf", "ljf")
@@ -54,6 +54,21 @@ class SchedulerConfig:
     edf_scan: int = 64
     prefill_tokens_per_s: float = 5000.0
     prefill_overhead_s: float = 0.02
+
+    @classmethod
+    def with_overrides(cls, overrides: dict, **derived) -> SchedulerConfig:
+        """A config from `derived` values (context length, block size...) plus user overrides;
+        unknown names, overrides of derived values and non-boolean switches raise ValueError."""
+        known = {f.name for f in fields(cls)} - set(derived)
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(
+                f"scheduler: unknown option(s) {unknown}; known: {', '.join(sorted(known))}"
+            )
+        for name in ("enable_bucketing", "enable_batch_controller", "enable_priority"):
+            if not isinstance(overrides.get(name, True), bool):
+                raise ValueError(f"scheduler.{name} must be true or false")
+        return cls(**derived, **overrides)
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bucketserve.scheduling.config import SchedulerConfig
@@ -73,18 +73,8 @@ class ServeConfig:
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         """The SchedulerConfig for a model context of max_model_len, with `scheduler` applied."""
-        derived = {"max_model_len", "block_size"}
-        known = {f.name for f in fields(SchedulerConfig)} - derived
-        unknown = sorted(set(self.scheduler) - known)
-        if unknown:
-            raise ValueError(
-                f"scheduler: unknown option(s) {unknown}; known: {', '.join(sorted(known))}"
-            )
-        for name in ("enable_bucketing", "enable_batch_controller", "enable_priority"):
-            if not isinstance(self.scheduler.get(name, True), bool):
-                raise ValueError(f"scheduler.{name} must be true or false")
-        return SchedulerConfig(
-            max_model_len=max_model_len, block_size=self.block_size or 16, **self.scheduler
+        return SchedulerConfig.with_overrides(
+            self.scheduler, max_model_len=max_model_len, block_size=self.block_size or 16
         )
 
     @property

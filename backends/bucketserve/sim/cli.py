@@ -8,6 +8,7 @@ cores and are deterministic per seed.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -51,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--long-fraction", type=float, default=0.1, help="Mixed: share of LongBench-like requests"
     )
     p.add_argument("--slo-class", choices=("online", "offline"), default="online")
+    p.add_argument(
+        "--scheduler", type=json.loads, default=None, metavar="JSON",
+        help='SchedulerConfig overrides, e.g. \'{"enable_bucketing": false}\' (ablations)',
+    )  # fmt: skip
     add_cluster_args(p)
     return p
 
@@ -93,7 +98,9 @@ def build_sweeps(args: argparse.Namespace) -> list[Sweep]:
             name, args.num_requests, rates[0], args.arrival, args.cv, args.long_fraction,
             model.max_len, min(512, model.max_len // 2), args.slo_class, args.seed,
         )  # fmt: skip
-        sweeps.append(Sweep(spec, policies, rates, cluster, latency, duration_s=args.duration))
+        sweep = Sweep(spec, policies, rates, cluster, latency, args.scheduler, args.duration)
+        sweep.config_for()  # bad --scheduler overrides fail here, before any run
+        sweeps.append(sweep)
     return sweeps
 
 

@@ -27,9 +27,10 @@ class Sweep:
     def config_for(self) -> SchedulerConfig | None:
         if not self.sched_overrides:
             return None
-        base = {"max_model_len": self.workload.max_model_len, "block_size": self.cluster.block_size}
-        base["max_num_seqs"] = self.cluster.max_num_seqs
-        return SchedulerConfig(**(base | self.sched_overrides))
+        overrides = {"max_num_seqs": self.cluster.max_num_seqs} | self.sched_overrides
+        return SchedulerConfig.with_overrides(
+            overrides, max_model_len=self.workload.max_model_len, block_size=self.cluster.block_size
+        )
 
     def run_one(self, policy: str, rate: float) -> RunMetrics:
         n = self.workload.num_requests

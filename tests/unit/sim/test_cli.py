@@ -27,3 +27,22 @@ def test_cli_writes_table_csv_and_plots(tmp_path, capsys):
 def test_cli_rejects_bad_policy(capsys):
     assert main(["--policy", "sjf"]) == 2
     assert "policy" in capsys.readouterr().err
+
+
+def test_cli_scheduler_overrides_change_the_run(tmp_path):
+    """The bucketing ablation keeps one bucket, so its runs differ from the full scheduler's."""
+    argv = ["--workload", "mixed", "--policy", "bucketserve", "--rates", "12",
+            "--num-requests", "200", "--duration", "0", "--seed", "1"]  # fmt: skip
+    results = {}
+    for label, extra in (
+        ("full", []),
+        ("one bucket", ["--scheduler", '{"enable_bucketing": false}']),
+    ):
+        assert main([*argv, "--out", str(tmp_path / label), *extra]) == 0
+        results[label] = next(csv.DictReader((tmp_path / label / "results.csv").open()))
+    assert results["full"] != results["one bucket"]
+
+
+def test_cli_rejects_bad_scheduler_overrides(capsys):
+    assert main(["--policy", "bucketserve", "--scheduler", '{"bogus": 1}']) == 2
+    assert "bogus" in capsys.readouterr().err
