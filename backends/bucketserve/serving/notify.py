@@ -10,13 +10,22 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from collections.abc import Callable
 
 RECV_TIMEOUT_S = 0.2
 
 
 def socket_path(run_dir: str, run_id: str) -> str:
+    """The scheduler's address for this run. Linux: the abstract namespace (no file to clean
+    up, and no 108-byte sun_path limit for deep run dirs); elsewhere a file in the run dir."""
+    if sys.platform.startswith("linux"):
+        return f"\0bucketserve-{run_id}-sched"
     return os.path.join(run_dir, f"sched-{run_id}.sock")
+
+
+def _is_file(path: str) -> bool:
+    return not path.startswith("\0") and os.path.exists(path)
 
 
 class FinishNotifier:
@@ -41,7 +50,7 @@ class FinishListener:
     """Scheduler side: `serve()` runs in a thread and calls `on_finished(key, n)` per notice."""
 
     def __init__(self, path: str, on_finished: Callable[[str, int], None]) -> None:
-        if os.path.exists(path):
+        if _is_file(path):
             os.unlink(path)
         self.path, self.on_finished = path, on_finished
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -63,5 +72,5 @@ class FinishListener:
     def close(self) -> None:
         self.closing = True
         self.sock.close()
-        if os.path.exists(self.path):
+        if _is_file(self.path):
             os.unlink(self.path)
