@@ -1,9 +1,10 @@
-"""Attention backends over the paged KV cache: flash-attn (GPU), the C++ paged kernel (CPU,
-float32) and torch SDPA (anywhere)."""
+"""Attention backends over the paged KV cache: flash-attn (GPU), the Triton paged-decode kernel
+(GPU, opt-in), the C++ paged kernel (CPU, float32) and torch SDPA (anywhere)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 
 import torch
@@ -122,12 +123,18 @@ def resolve_backend_name(
         )
     if requested == "cpu_paged" and (problem := _cpu_paged_problem(device, dtype)):
         raise ValueError(f"attention='cpu_paged' {problem}")
-    if requested == "triton":
-        raise ValueError(
-            "attention='triton' is not available yet (no Triton paged-decode kernel in this "
-            "build); use 'auto', 'cpu_paged', 'sdpa' or 'flash_attn'"
-        )
+    if requested == "triton" and (problem := _triton_problem(device)):
+        raise ValueError(f"attention='triton' {problem}")
     return requested
+
+
+def _triton_problem(device: torch.device) -> str | None:
+    """Why the Triton paged-decode kernel cannot run here (None: it can)."""
+    if importlib.util.find_spec("triton") is None:
+        return "needs the triton package"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "needs a CUDA device (or TRITON_INTERPRET=1 to interpret the kernel on CPU)"
+    return None
 
 
 def _cpu_paged_problem(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -149,6 +156,10 @@ def make_backend(name: str):
         from bucketserve.engine.cpu_attention import CpuPagedBackend
 
         return CpuPagedBackend()
+    if name == "triton":
+        from bucketserve.engine.triton_attention import TritonBackend
+
+        return TritonBackend()
     from bucketserve.engine.sdpa_attention import SdpaBackend
 
     return SdpaBackend()

@@ -85,6 +85,13 @@ class ModelRunner:
 
     def _block_size(self) -> int:
         size = self.config.block_size
+        if (
+            self.attention_backend == "triton"
+            and size is not None
+            and (size < 16 or size & (size - 1))
+        ):
+            raise ValueError(f"block_size must be a power of two >= 16 for attention='triton', "
+                             f"got {size}")  # fmt: skip
         if self.attention_backend != "flash_attn":
             return size or 16
         if size is not None and size % FLASH_BLOCK_MULTIPLE:
