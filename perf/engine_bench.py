@@ -44,12 +44,17 @@ class Args:
     output: str = ""
 
 
-def make_prompts(tokenizer_dir: str, batch: int, length: int, seed: int) -> list[list[int]]:
-    """`batch` real-text prompts of exactly `length` tokens (stdlib source, seeded offsets)."""
+def make_prompts(model: str, batch: int, length: int, seed: int) -> list[list[int]]:
+    """`batch` prompts of exactly `length` tokens: real text (stdlib source, seeded offsets)
+    for real models; seeded random ids for dummy shapes (no tokenizer, no SmolLM2 needed)."""
+    gen = torch.Generator().manual_seed(seed)
+    if is_dummy(model):
+        vocab = DUMMY_SHAPES[dummy_shape(model)]["vocab_size"]
+        return torch.randint(0, vocab, (batch, length), generator=gen).tolist()
     from transformers import AutoTokenizer
 
-    ids = AutoTokenizer.from_pretrained(tokenizer_dir)(inspect.getsource(argparse)).input_ids
-    gen = torch.Generator().manual_seed(seed)
+    source = inspect.getsource(argparse)
+    ids = AutoTokenizer.from_pretrained(_model_dir(model))(source).input_ids
     starts = torch.randint(0, len(ids) - length, (batch,), generator=gen).tolist()
     return [ids[s : s + length] for s in starts]
 
@@ -59,10 +64,13 @@ class OursBench:
 
     name = "bucketserve"
 
-    def __init__(self, args: Args) -> None:
+    def __init__(self, args: Args, max_batch: int) -> None:
+        max_len = args.prompt_len + args.decode_steps + 16
+        # A pool just big enough (max_len // 16 + 2 blocks per sequence covers block sizes
+        # >= 16): the default takes 90 % of a GPU's free memory, none left for transformers.
         self.runner = ModelRunner(EngineConfig(
             model=args.model, device=args.device, dtype=args.dtype, attention=args.attention,
-            seed=args.seed, max_model_len=args.prompt_len + args.decode_steps + 16,
+            seed=args.seed, max_model_len=max_len, num_blocks=max_batch * (max_len // 16 + 2),
         ))  # fmt: skip
         self.attention = self.runner.attention_backend
 
@@ -203,14 +211,14 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     sizes = args.batch_sizes or ("1,16" if device.type == "cpu" else "1,16,64")
-    ours = OursBench(args) if args.impl in ("both", "bucketserve") else None
+    batches = [int(b) for b in sizes.split(",")]
+    ours = OursBench(args, max(batches)) if args.impl in ("both", "bucketserve") else None
     benches = [b for b in (ours, HfBench(args, ours) if args.impl != "bucketserve" else None) if b]
-    tokenizer_dir = ours.runner.tokenizer_dir if ours else _model_dir(args.model)
     meta = dict(model=args.model, device=str(device), dtype=str(_dtype(args)).removeprefix("torch."),
                 threads=torch.get_num_threads())  # fmt: skip
     out = open(args.output, "a") if args.output else None  # noqa: SIM115
-    for batch in (int(b) for b in sizes.split(",")):
-        prompts = make_prompts(tokenizer_dir, batch, args.prompt_len, args.seed + batch)
+    for batch in batches:
+        prompts = make_prompts(args.model, batch, args.prompt_len, args.seed + batch)
         rates = {}
         for bench in benches:  # same prompts, interleaved per batch size
             for rec in records(bench, batch, measure(bench, prompts, args), args, meta):
