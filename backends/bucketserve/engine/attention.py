@@ -55,6 +55,14 @@ def padded_tables(tables: list[list[int]], num_blocks: int) -> list[list[int]]:
     return [t[:num_blocks] + [0] * (num_blocks - len(t)) for t in tables]
 
 
+def fill_block_tables(meta, tables, context_lens, block_size, to_tensor) -> None:
+    """meta.block_tables [B, max_blocks] int32 (padded) and meta.context_lens [B] int32: the
+    inputs of every paged decode kernel (flash-attn, Triton, C++)."""
+    num_blocks = -(-max(context_lens) // block_size)
+    meta.block_tables = to_tensor(padded_tables(tables, num_blocks), torch.int32)
+    meta.context_lens = to_tensor(context_lens, torch.int32)
+
+
 class FlashAttnBackend:
     """flash-attn: varlen prefill on the packed batch, paged decode through block_table."""
 
@@ -82,9 +90,7 @@ class FlashAttnBackend:
 
     def prepare_decode(self, meta, tables, context_lens, block_size, to_tensor) -> None:
         """Fill meta with the padded block table and context lengths."""
-        num_blocks = -(-max(context_lens) // block_size)
-        meta.block_tables = to_tensor(padded_tables(tables, num_blocks), torch.int32)
-        meta.context_lens = to_tensor(context_lens, torch.int32)
+        fill_block_tables(meta, tables, context_lens, block_size, to_tensor)
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """q: [B, H, D]; caches [num_blocks, block_size, KVH, D] -> [B, H, D]."""

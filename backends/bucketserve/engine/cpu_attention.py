@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from bucketserve.engine.attention import AttentionMetadata, padded_tables
+from bucketserve.engine.attention import AttentionMetadata, fill_block_tables
 from bucketserve.engine.sdpa_attention import SdpaBackend
 
 
@@ -16,9 +16,7 @@ class CpuPagedBackend(SdpaBackend):
 
     def prepare_decode(self, meta, tables, context_lens, block_size, to_tensor) -> None:
         """Fill meta with the padded block table and context lengths."""
-        num_blocks = -(-max(context_lens) // block_size)
-        meta.block_tables = to_tensor(padded_tables(tables, num_blocks), torch.int32)
-        meta.context_lens = to_tensor(context_lens, torch.int32)
+        fill_block_tables(meta, tables, context_lens, block_size, to_tensor)
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """q: [B, H, D]; caches [num_blocks, block_size, KVH, D] -> [B, H, D]."""
