@@ -15,6 +15,7 @@ import logging
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ CFLAGS = (
     "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-fno-math-errno",
 )  # fmt: skip
 LDFLAGS = ("-fopenmp",)  # libgomp resolves to the copy torch already loaded (same soname)
+STALE_LOCK_S = 300.0  # a build takes ~10 s; a lock this old belongs to a killed build
 CACHE_ROOT = Path(os.environ.get("BUCKETSERVE_CACHE", Path.home() / ".cache" / "bucketserve"))
 
 _loaded: bool | None = None
@@ -85,6 +87,10 @@ def _load_library() -> None:
     except ImportError:
         pass
     build_dir.mkdir(parents=True, exist_ok=True)
+    lock = build_dir / "lock"  # torch's build lock; a killed build leaves it and later loads wait
+    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+        log.warning("removing a stale build lock %s", lock)
+        lock.unlink(missing_ok=True)
     log.info("building C++ CPU kernels into %s (once)", build_dir)
     cpp_extension.load(
         # Copies: torch's loader appends to the flag lists it is given.

@@ -143,3 +143,21 @@ def test_runner_with_kernels_matches_eager_reference(model):
         runner.close()
     for ours, ref in zip(logits[True], logits[False], strict=True):
         assert rel_err(ours, ref) < 1e-5
+
+
+def test_fresh_cache_builds_past_a_stale_lock(tmp_path):
+    """A build killed mid-way leaves torch's lock file; the next load must not wait forever."""
+    import os
+    import subprocess
+    import sys
+
+    lock = tmp_path / "torch_extensions" / cpu_ops.library_name() / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    old = lock.stat().st_mtime - 2 * cpu_ops.STALE_LOCK_S
+    os.utime(lock, (old, old))
+    code = "from bucketserve.engine import cpu_ops; print(cpu_ops.load(), cpu_ops.unavailable_reason())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, BUCKETSERVE_CACHE=str(tmp_path)))  # fmt: skip
+    assert proc.stdout.strip() == "True", proc.stdout + proc.stderr[-2000:]
+    assert (lock.parent / f"{cpu_ops.library_name()}.so").exists()
