@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--slo-class", choices=("online", "offline"), default="online")
     p.add_argument(
+        "--offline-fraction", type=float, default=0.0,
+        help="share of offline requests, the rest online (overrides --slo-class when > 0)",
+    )  # fmt: skip
+    p.add_argument(
         "--scheduler", type=json.loads, default=None, metavar="JSON",
         help='SchedulerConfig overrides, e.g. \'{"enable_bucketing": false}\' (ablations)',
     )  # fmt: skip
@@ -97,6 +101,7 @@ def build_sweeps(args: argparse.Namespace) -> list[Sweep]:
         spec = WorkloadSpec(
             name, args.num_requests, rates[0], args.arrival, args.cv, args.long_fraction,
             model.max_len, min(512, model.max_len // 2), args.slo_class, args.seed,
+            args.offline_fraction,
         )  # fmt: skip
         sweep = Sweep(spec, policies, rates, cluster, latency, args.scheduler, args.duration)
         sweep.config_for()  # bad --scheduler overrides fail here, before any run

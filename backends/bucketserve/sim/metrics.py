@@ -37,6 +37,7 @@ class RunMetrics:
     finished: int
     attainment: float
     long_attainment: float  # among LongBench-like ("summarization") requests; nan if none
+    online_attainment: float  # among online requests; nan if none
     ttft_attainment: float
     tpot_attainment: float
     throughput_tok_s: float
@@ -102,6 +103,7 @@ def summarize(out: SimOutcome, workload: str, rate: float) -> RunMetrics:
         policy=out.policy, workload=workload, rate=rate, num_requests=n, finished=len(done),
         attainment=sum(meets_slo(r) for r in reqs) / n,
         long_attainment=_share(meets_slo(r) for r in reqs if r.meta.task_type == "summarization"),
+        online_attainment=_share(meets_slo(r) for r in reqs if r.meta.is_online),
         ttft_attainment=sum(t <= r.meta.ttft_slo_s for t, r in zip(ttfts, done, strict=True)) / n,
         tpot_attainment=sum(t <= r.meta.tpot_slo_s for t, r in zip(tpots, done, strict=True)) / n,
         throughput_tok_s=sum(r.output_len for r in done) / span, served_rate=served_rate(reqs),

@@ -13,6 +13,7 @@ GOODPUT_TARGETS = (0.8, 0.9, 0.99)
 TABLE_COLUMNS = (
     ("workload", "workload", "{}"), ("policy", "policy", "{}"), ("rate", "rate", "{:.1f}"),
     ("attainment", "attain", "{:.3f}"), ("long_attainment", "long", "{:.2f}"),
+    ("online_attainment", "online", "{:.2f}"),
     ("throughput_tok_s", "tok/s", "{:.0f}"),
     ("served_rate", "served", "{:.2f}"), ("mean_ttft_s", "ttft", "{:.3f}"),
     ("p90_ttft_s", "ttft_p90", "{:.3f}"), ("mean_tpot_s", "tpot", "{:.3f}"),

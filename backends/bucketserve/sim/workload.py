@@ -8,6 +8,8 @@ sigma^2 = 2 ln(mean / median)):
 * Outputs (our assumption; the paper gives none): Alpaca median 96 / mean 128, LongBench
   median 256 / mean 300 tokens, capped at max_tokens = 512, at least 2.
 * Mixed: each request is LongBench-like with probability long_fraction (default 0.1).
+SLO class: every request `slo_class`, or offline with probability offline_fraction (drawn
+from a second seeded stream, so lengths and arrival times do not change with it).
 Arrivals: Poisson, or Gamma inter-arrival times with CV > 1 (bursty).
 """
 
@@ -54,6 +56,7 @@ class WorkloadSpec:
     max_tokens: int = 512
     slo_class: str = "online"
     seed: int = 0
+    offline_fraction: float = 0.0  # > 0: this share of requests is offline, the rest online
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOADS:
@@ -62,8 +65,9 @@ class WorkloadSpec:
             raise ValueError(f"arrival must be one of {ARRIVALS}, got {self.arrival!r}")
         if self.num_requests < 1 or self.rate <= 0 or self.cv <= 0:
             raise ValueError("num_requests must be >= 1, rate > 0 and cv > 0")
-        if not 0.0 <= self.long_fraction <= 1.0:
-            raise ValueError(f"long_fraction must be in [0, 1], got {self.long_fraction}")
+        for name in ("long_fraction", "offline_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.max_tokens >= self.max_model_len:
             raise ValueError(f"max_tokens must be < max_model_len={self.max_model_len}")
 
@@ -114,6 +118,10 @@ def make_requests(spec: WorkloadSpec) -> list[SimRequest]:
     rng = np.random.default_rng(spec.seed)
     prompt, out, is_long = _lengths(spec, rng)
     times = arrival_times(rng, spec.num_requests, spec.rate, spec.arrival, spec.cv)
+    classes = [spec.slo_class] * spec.num_requests
+    if spec.offline_fraction > 0:
+        draws = np.random.default_rng([spec.seed, 1]).random(spec.num_requests)
+        classes = ["offline" if d < spec.offline_fraction else "online" for d in draws]
     reqs = []
     for i in range(spec.num_requests):
         meta = RequestMeta(
@@ -121,7 +129,7 @@ def make_requests(spec: WorkloadSpec) -> list[SimRequest]:
             prompt_len=int(prompt[i]),
             max_tokens=spec.max_tokens,
             arrival_s=float(times[i]),
-            slo_class=spec.slo_class,
+            slo_class=classes[i],
             task_type="summarization" if is_long[i] else "chat",
         )
         reqs.append(SimRequest(meta, int(out[i])))

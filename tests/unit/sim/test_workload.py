@@ -46,3 +46,17 @@ def test_workload_validation():
         WorkloadSpec(arrival="uniform")
     with pytest.raises(ValueError, match="long_fraction"):
         WorkloadSpec(long_fraction=2.0)
+
+
+def test_offline_fraction_keeps_lengths_and_arrivals():
+    base = make_requests(WorkloadSpec("mixed", num_requests=2000, seed=4))
+    mixed = make_requests(WorkloadSpec("mixed", num_requests=2000, seed=4, offline_fraction=0.3))
+    assert all(r.meta.slo_class == "online" for r in base)
+    share = sum(r.meta.slo_class == "offline" for r in mixed) / len(mixed)
+    assert 0.27 < share < 0.33
+    for a, b in zip(base, mixed, strict=True):
+        assert (a.meta.prompt_len, a.meta.arrival_s, a.output_len) == (
+            b.meta.prompt_len, b.meta.arrival_s, b.output_len,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="offline_fraction must be in"):
+        WorkloadSpec(offline_fraction=1.5)
