@@ -67,23 +67,60 @@ def resolve_model(spec: str = DEFAULT_MODEL) -> str:
     )
 
 
+CONVERSION_VERSION = 1  # bump whenever convert_gguf writes something different
+STAMP_FILE = "bucketserve_conversion.json"
+
+
+def conversion_stamp(gguf_path: str) -> dict:
+    """What a cached conversion must match: this converter's version and the source file."""
+    return {
+        "conversion_version": CONVERSION_VERSION,
+        "gguf": os.path.basename(gguf_path),
+        "gguf_bytes": os.path.getsize(gguf_path),
+    }
+
+
+def _is_current(target: str, stamp: dict) -> bool:
+    try:
+        with open(os.path.join(target, STAMP_FILE)) as f:
+            return json.load(f) == stamp and os.path.isfile(
+                os.path.join(target, "model.safetensors")
+            )
+    except (OSError, ValueError):
+        return False
+
+
 def _cached_gguf(gguf_path: str, name: str) -> str:
+    """The converted directory for a GGUF file: reused while its stamp matches, else (a newer
+    converter, another GGUF under the same name, an unstamped old cache) converted again."""
     target = os.path.join(cache_root(), "models", name)
-    if os.path.isfile(os.path.join(target, "model.safetensors")):
+    stamp = conversion_stamp(gguf_path)
+    if _is_current(target, stamp):
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=os.path.dirname(target))
     try:
         convert_gguf(gguf_path, tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            # Another process finished first; its copy is as good as ours.
-            if not os.path.isfile(os.path.join(target, "model.safetensors")):
-                raise
+        with open(os.path.join(tmp, STAMP_FILE), "w") as f:
+            json.dump(stamp, f)
+        _replace_dir(tmp, target, stamp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _replace_dir(new: str, target: str, stamp: dict) -> None:
+    """Move `new` to `target`, setting a stale `target` aside first (readers that have its
+    files open keep them); if another process got there first with a current copy, keep it."""
+    if os.path.isdir(target) and not _is_current(target, stamp):
+        stale = tempfile.mkdtemp(prefix=".stale.", dir=os.path.dirname(target))
+        os.rename(target, os.path.join(stale, "old"))
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        os.rename(new, target)
+    except OSError:
+        if not _is_current(target, stamp):
+            raise
 
 
 def convert_gguf(gguf_path: str, out_dir: str) -> None:

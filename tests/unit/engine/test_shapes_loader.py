@@ -95,6 +95,32 @@ def test_gguf_conversion_is_atomic(tmp_path, monkeypatch):
     assert loader.resolve_model(str(gguf)) == str(models / "m")
 
 
+def test_stale_or_unstamped_conversion_is_redone(tmp_path, monkeypatch):
+    monkeypatch.setenv("BUCKETSERVE_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF v1")
+    calls = []
+
+    def convert(path, out_dir):
+        calls.append(path)
+        for name in ("config.json", "model.safetensors"):
+            (open(os.path.join(out_dir, name), "w")).close()
+
+    monkeypatch.setattr(loader, "convert_gguf", convert)
+    target = tmp_path / "cache" / "models" / "m"
+    target.mkdir(parents=True)  # an older loader's cache: complete files, no stamp
+    (target / "model.safetensors").write_bytes(b"old weights")
+    assert loader.resolve_model(str(gguf)) == str(target) and len(calls) == 1
+    assert (target / "model.safetensors").read_bytes() == b""  # the new conversion
+    assert loader.resolve_model(str(gguf)) == str(target) and len(calls) == 1  # current now
+    gguf.write_bytes(b"GGUF v2, another size")  # the package shipped a different file
+    loader.resolve_model(str(gguf))
+    monkeypatch.setattr(loader, "CONVERSION_VERSION", loader.CONVERSION_VERSION + 1)
+    loader.resolve_model(str(gguf))
+    assert len(calls) == 3
+    assert sorted(p.name for p in target.parent.iterdir()) == ["m"]  # nothing left behind
+
+
 def test_smollm2_gguf_is_found_without_import():
     path = loader.smollm2_gguf_path()
     assert path.endswith("SmolLM2-135M-Instruct.Q4_1.gguf") and os.path.isfile(path)
