@@ -68,6 +68,8 @@ def map_segment(name: str, nbytes: int | None = None) -> mmap.mmap:
         ) from None
     try:
         size = os.fstat(fd).st_size
+        if size == 0:  # shm_open done, ftruncate not yet: the owner is still creating it
+            raise FileNotFoundError(f"shared-memory segment {name!r} is still being created")
         if nbytes is not None and size < nbytes:
             raise ValueError(f"segment {name!r} has {size} bytes, expected at least {nbytes}")
         return mmap.mmap(fd, size if nbytes is None else nbytes)

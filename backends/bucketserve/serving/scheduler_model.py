@@ -27,6 +27,7 @@ from bucketserve.serving.model_info import model_info
 from bucketserve.serving.notify import FinishListener, socket_path
 from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter
 
+ERROR_BACKOFF_S = 0.5  # after an unexpected error, before the loop tries again
 IDLE_WAIT_S = 0.005
 METRICS_INTERVAL_S = 0.5
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -133,14 +134,18 @@ class SchedulerModel:
 
     def loop(self) -> None:
         while True:
-            with self.cond:
-                if self.stopping:
-                    return
-                batch, items = self.next_batch()
-                if batch is None:
-                    self.cond.wait(IDLE_WAIT_S)
-                    continue
-            self.dispatch(batch, items)
+            try:
+                with self.cond:
+                    if self.stopping:
+                        return
+                    batch, items = self.next_batch()
+                    if batch is None:
+                        self.cond.wait(IDLE_WAIT_S)
+                        continue
+                self.dispatch(batch, items)
+            except Exception as e:  # the loop must outlive any one bad iteration
+                pb_utils.Logger.log_error(f"scheduler loop: {type(e).__name__}: {e}")
+                time.sleep(ERROR_BACKOFF_S)
 
     def next_batch(self):
         view: ClusterView | None = self.cluster.view()

@@ -108,3 +108,24 @@ def test_concurrent_writer_threads_leave_a_readable_block(names):
     assert writer._words[2] == 2 * 3 * 2000  # every update closed its sequence (even)
     assert StatsBlock.open(writer.name).read().running == 1999
     writer.unlink()
+
+
+def test_block_being_created_reads_as_not_there_yet(names):
+    """shm_open happened, ftruncate not yet: a reader polling at that moment (the scheduler at
+    start-up) must see "not created yet", not an error that kills its thread."""
+    import os
+
+    from bucketserve.kv import shm
+
+    name = names("st")
+    fd = os.open(os.path.join(shm.SHM_DIR, name), os.O_CREAT | os.O_RDWR, 0o600)  # size 0
+    os.close(fd)
+    with pytest.raises(FileNotFoundError, match="still being created"):
+        shm.map_segment(name)
+    with pytest.raises(
+        FileNotFoundError, match="has not started yet"
+    ):  # what cluster.ready() retries
+        StatsBlock.open(name)
+    assert shm.unlink_stale(name)
+    writer = StatsBlock.create(name)  # then created for real: opens fine
+    assert StatsBlock.open(writer.name).read() == InstanceStatsSnapshot()
