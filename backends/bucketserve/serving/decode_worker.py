@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -15,6 +16,8 @@ from bucketserve.serving.engine_glue import new_sequence, publish_stats
 from bucketserve.serving.handoff import Handoff, PrefillRow
 
 IDLE_WAIT_S = 0.01
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -75,14 +78,24 @@ class DecodeWorker:
 
     def loop(self) -> None:
         while not self.stopping:
-            self.drain_inbox(block=not self.running and not self.waiting)
-            self.apply_cancellations()
-            self.admit()
-            if self.running:
-                self.step()
-            self.publish()
+            try:
+                self.iterate()
+            except Exception as e:  # a bug outside step/pull: fail what is in flight, go on
+                log.exception("decode loop")
+                for s in list(self.waiting) + self.running:
+                    self.finish(s, "error", error=f"decode engine error: {_describe(e)}")
+                self.waiting.clear()
         for s in list(self.waiting) + self.running:
             self.finish(s, "cancelled", error="server shutting down")
+
+    def iterate(self) -> None:
+        """One round: take new requests and cancellations, admit, one decode step, stats."""
+        self.drain_inbox(block=not self.running and not self.waiting)
+        self.apply_cancellations()
+        self.admit()
+        if self.running:
+            self.step()
+        self.publish()
 
     def drain_inbox(self, block: bool) -> None:
         try:
@@ -125,7 +138,13 @@ class DecodeWorker:
                     continue
                 return
             self.waiting.popleft()
-            self.pull(s)
+            try:
+                self.pull(s)
+            except Exception as e:  # this request fails; the instance keeps serving the others
+                # Its prefill blocks stay un-acked: the prefill instance reclaims them on timeout.
+                if s in self.running:
+                    self.running.remove(s)
+                self.finish(s, "error", error=f"decode could not pull the KV: {_describe(e)}")
 
     def pull(self, s: Stream) -> None:
         h = s.handoff
@@ -158,7 +177,12 @@ class DecodeWorker:
 
     def step(self) -> None:
         seqs = [s.seq for s in self.running]
-        tokens = self.runner.decode(seqs)
+        try:
+            tokens = self.runner.decode(seqs)
+        except Exception as e:  # fail this batch with a FINAL error each, keep serving
+            for s in list(self.running):
+                self.finish(s, "error", error=f"decode step failed: {_describe(e)}")
+            return
         for s, tok in zip(list(self.running), tokens, strict=True):
             self.emit(s, tok)
 
@@ -192,3 +216,7 @@ class DecodeWorker:
 
     def publish(self) -> None:
         publish_stats(self.stats, self.runner, self.blocks, len(self.running), len(self.waiting), 0)
+
+
+def _describe(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"

@@ -114,11 +114,14 @@ class PrefillModel:
     def reclaim_loop(self) -> None:
         next_gauge = 0.0
         while not self.stop_event.wait(RECLAIM_INTERVAL_S):
-            self.worker.reclaim()
-            if time.monotonic() >= next_gauge:
-                blocks = self.worker.blocks
-                self.kv_metrics.set(blocks.num_free_blocks, blocks.num_total_blocks)
-                next_gauge = time.monotonic() + GAUGE_INTERVAL_S
+            try:
+                self.worker.reclaim()
+                if time.monotonic() >= next_gauge:
+                    blocks = self.worker.blocks
+                    self.kv_metrics.set(blocks.num_free_blocks, blocks.num_total_blocks)
+                    next_gauge = time.monotonic() + GAUGE_INTERVAL_S
+            except Exception as e:  # without this thread, unpulled blocks would never return
+                pb_utils.Logger.log_error(f"prefill reclaim: {type(e).__name__}: {e}")
 
     def execute(self, requests: list) -> list:
         return [self.one(r) for r in requests]

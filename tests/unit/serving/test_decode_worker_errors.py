@@ -1,0 +1,77 @@
+"""The decode loop survives a failing step or KV pull: each affected request gets a FINAL
+error, its blocks go back, and the worker keeps serving."""
+
+from __future__ import annotations
+
+import queue
+from types import SimpleNamespace
+
+from bucketserve.engine.block_manager import BlockManager
+from bucketserve.engine.sequence import Sequence
+from bucketserve.serving.contract import GenerateParams
+from bucketserve.serving.decode_worker import DecodeWorker, Stream
+from bucketserve.serving.handoff import KIND_GENERATE, Handoff
+
+
+class FlakyRunner:
+    """Fails its first decode step, then returns token 7 for every sequence."""
+
+    model_config = SimpleNamespace(eos_token_ids=(2,))
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def decode(self, seqs):
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return [7] * len(seqs)
+
+
+def make_worker():
+    blocks, outbox = BlockManager(32, 4), queue.Queue()
+    worker = DecodeWorker(FlakyRunner(), blocks, None, None, outbox, timeout_s=5.0)
+    return worker, blocks, outbox
+
+
+def running_stream(key: int, blocks: BlockManager) -> Stream:
+    seq = Sequence([1, 2, 3, 4, 5])
+    blocks.allocate_for(seq, 12)
+    text = SimpleNamespace(push=lambda token: ("x", False), flush=lambda: "")  # detokenizer stub
+    return Stream(key, Handoff(KIND_GENERATE, GenerateParams(max_tokens=8)), seq=seq, text=text)
+
+
+def drain(outbox: queue.Queue) -> list:
+    items = []
+    while not outbox.empty():
+        items.append(outbox.get_nowait())
+    return items
+
+
+def test_failed_step_finishes_the_batch_with_errors():
+    worker, blocks, outbox = make_worker()
+    worker.running = [running_stream(1, blocks), running_stream(2, blocks)]
+    worker.step()
+    finals = drain(outbox)
+    assert [(d.key, d.finish_reason) for d in finals] == [(1, "error"), (2, "error")]
+    assert all("decode step failed: RuntimeError: CUDA error" in d.error for d in finals)
+    assert worker.running == [] and blocks.num_free_blocks == 32
+    worker.running = [running_stream(3, blocks)]  # the next batch runs normally
+    worker.step()
+    (delta,) = drain(outbox)
+    assert (delta.key, delta.text, delta.finish_reason, delta.num_output_tokens) == (3, "x", "", 1)
+
+
+def test_failed_pull_fails_that_request_only():
+    worker, blocks, outbox = make_worker()
+    params = GenerateParams(max_tokens=4, num_input_tokens=3)
+    bad = Handoff(KIND_GENERATE, params, prompt_ids=[1, 2, 3], first_token=5,
+                  pool='{"not": "a pool handle"}', block_ids=[0])  # fmt: skip
+    worker.submit(9, bad)
+    worker.drain_inbox(block=False)
+    worker.admit()
+    (final,) = drain(outbox)
+    assert (final.key, final.finish_reason) == (9, "error")
+    assert final.error.startswith("decode could not pull the KV: ")
+    assert len(worker.waiting) == 0 and worker.running == []
+    assert blocks.num_free_blocks == 32
