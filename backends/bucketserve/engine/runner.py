@@ -53,8 +53,11 @@ class ModelRunner:
             self.model_config, self._model_dir, self.device,
             self.dtype, self.model_config.max_model_len, config.seed,
         )  # fmt: skip
-        self.elementwise_impl = "torch"  # "cpp": norms, rope, SwiGLU through engine/csrc
-        self.linear_impl = self._optimize() if config.optimize_weights else "torch"
+        # What runs the linears ("onednn" / "torch") and the norms, rope and SwiGLU ("cpp" /
+        # "torch"): the eager HF layout unless optimize_weights.
+        self.linear_impl, self.elementwise_impl = (
+            self._optimize() if config.optimize_weights else ("torch", "torch")
+        )
         self.num_blocks = config.num_blocks or auto_num_blocks(
             config, self.device, self.block_size, self.model_config
         )
@@ -99,20 +102,23 @@ class ModelRunner:
                              f"attention='flash_attn', got {size}")  # fmt: skip
         return size or FLASH_BLOCK_MULTIPLE
 
-    def _optimize(self) -> str:
+    def _optimize(self) -> tuple[str, str]:
+        """Fuse projections; on CPU route element-wise ops to the C++ kernels (float32) and
+        pre-pack linears for oneDNN. Returns (linear_impl, elementwise_impl)."""
         fuse_projections(self.model)
-        if self.device.type == "cpu" and self.dtype == torch.float32 and cpu_ops.load():
+        is_cpu = self.device.type == "cpu"
+        elementwise = "torch"
+        if is_cpu and self.dtype == torch.float32 and cpu_ops.load():
             use_cpu_kernels(self.model)
-            self.elementwise_impl = "cpp"
-        is_packable = self.dtype in (torch.float32, torch.bfloat16)
-        if self.device.type == "cpu" and is_packable and is_onednn_available():
-            try:
-                pack_for_onednn(self.model)
-            except RuntimeError as e:  # e.g. bf16 on a CPU without bf16 GEMMs
-                log.warning("oneDNN weight packing failed (%s); using torch linears", e)
-                return "torch"
-            return "onednn"
-        return "torch"
+            elementwise = "cpp"
+        if not (is_cpu and self.dtype in (torch.float32, torch.bfloat16) and is_onednn_available()):
+            return "torch", elementwise
+        try:
+            pack_for_onednn(self.model)
+        except RuntimeError as e:  # e.g. bf16 on a CPU without bf16 GEMMs
+            log.warning("oneDNN weight packing failed (%s); using torch linears", e)
+            return "torch", elementwise
+        return "onednn", elementwise
 
     # ---- public steps -------------------------------------------------------------------
 

@@ -65,9 +65,9 @@ class SchedulerConfig:
             raise ValueError(
                 f"scheduler: unknown option(s) {unknown}; known: {', '.join(sorted(known))}"
             )
-        for name in ("enable_bucketing", "enable_batch_controller", "enable_priority"):
-            if not isinstance(overrides.get(name, True), bool):
-                raise ValueError(f"scheduler.{name} must be true or false")
+        for f in fields(cls):
+            if f.type == "bool" and not isinstance(overrides.get(f.name, True), bool):
+                raise ValueError(f"scheduler.{f.name} must be true or false")
         return cls(**derived, **overrides)
 
     def __post_init__(self) -> None:

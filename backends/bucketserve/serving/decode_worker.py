@@ -142,8 +142,6 @@ class DecodeWorker:
                 self.pull(s)
             except Exception as e:  # this request fails; the instance keeps serving the others
                 # Its prefill blocks stay un-acked: the prefill instance reclaims them on timeout.
-                if s in self.running:
-                    self.running.remove(s)
                 self.finish(s, "error", error=f"decode could not pull the KV: {_describe(e)}")
 
     def pull(self, s: Stream) -> None:

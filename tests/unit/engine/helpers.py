@@ -60,3 +60,28 @@ def prefill_seqs(runner, bm: BlockManager, prompts: list[list[int]]) -> list[Seq
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max|a - b| / max|b|."""
     return float((a - b).abs().max() / b.abs().max())
+
+
+def scattered_paged_cache(lengths, block, kv_heads, head_dim, gen, num_blocks):
+    """Random K/V caches [num_blocks, block, KVH, D] and one block table per sequence, the
+    tables taking blocks from a shuffled order so each sequence's blocks are scattered."""
+    k_cache = torch.randn(num_blocks, block, kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(num_blocks, block, kv_heads, head_dim, generator=gen)
+    ids = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, start = [], 0
+    for n in lengths:
+        need = -(-n // block)
+        tables.append(ids[start : start + need])
+        start += need
+    return k_cache, v_cache, tables
+
+
+def paged_decode(backend, q, k_cache, v_cache, tables, lengths):
+    """One decode attention call through `backend`: q [B, H, D] -> [B, H, D]."""
+    from bucketserve.engine.attention import AttentionMetadata
+
+    meta = AttentionMetadata(is_prefill=False, slot_mapping=torch.zeros(len(lengths)),
+                             seq_lens=lengths, max_seqlen=max(lengths))  # fmt: skip
+    to_tensor = lambda data, dtype: torch.tensor(data, dtype=dtype)  # noqa: E731
+    backend.prepare_decode(meta, tables, lengths, k_cache.shape[1], to_tensor)
+    return backend.decode(q, k_cache, v_cache, meta, scale=q.shape[-1] ** -0.5)

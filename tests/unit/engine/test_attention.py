@@ -9,6 +9,8 @@ from bucketserve.engine import cpu_ops
 from bucketserve.engine.attention import AttentionMetadata, resolve_backend_name, store_kv
 from bucketserve.engine.sdpa_attention import SdpaBackend, plan_decode_groups
 
+from tests.unit.engine.helpers import paged_decode, scattered_paged_cache
+
 NUM_BLOCKS, BLOCK, KVH, H, D = 40, 4, 2, 6, 8
 
 
@@ -23,23 +25,9 @@ def _dense_reference(q, k_cache, v_cache, table, length, scale):
 @pytest.mark.parametrize("lengths", [[1, 4, 5, 13], [2, 30, 3, 29, 1, 31], [9] * 5])
 def test_paged_decode_matches_dense_with_scattered_blocks(lengths):
     gen = torch.Generator().manual_seed(0)
-    k_cache = torch.randn(NUM_BLOCKS, BLOCK, KVH, D, generator=gen)
-    v_cache = torch.randn(NUM_BLOCKS, BLOCK, KVH, D, generator=gen)
-    ids = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
-    tables, start = [], 0
-    for n in lengths:
-        need = -(-n // BLOCK)
-        tables.append(ids[start : start + need])
-        start += need
-    batch = len(lengths)
-    meta = AttentionMetadata(is_prefill=False, slot_mapping=torch.zeros(batch, dtype=torch.int64),
-                             seq_lens=lengths, max_seqlen=max(lengths))  # fmt: skip
-    backend = SdpaBackend()
-    backend.prepare_decode(
-        meta, tables, lengths, BLOCK, lambda data, dtype: torch.tensor(data, dtype=dtype)
-    )
-    q = torch.randn(batch, H, D, generator=gen)
-    out = backend.decode(q, k_cache, v_cache, meta, scale=D**-0.5)
+    k_cache, v_cache, tables = scattered_paged_cache(lengths, BLOCK, KVH, D, gen, NUM_BLOCKS)
+    q = torch.randn(len(lengths), H, D, generator=gen)
+    out = paged_decode(SdpaBackend(), q, k_cache, v_cache, tables, lengths)
     for i, n in enumerate(lengths):
         ref = _dense_reference(q[i], k_cache, v_cache, tables[i], n, D**-0.5)
         torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=1e-5)

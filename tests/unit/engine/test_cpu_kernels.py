@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from bucketserve.engine import cpu_ops
-from bucketserve.engine.attention import AttentionMetadata, store_kv
+from bucketserve.engine.attention import store_kv
 from bucketserve.engine.config import EngineConfig
 from bucketserve.engine.cpu_attention import CpuPagedBackend
 from bucketserve.engine.model import RMSNorm
@@ -14,7 +14,7 @@ from bucketserve.engine.rope import apply_rope
 from bucketserve.engine.runner import ModelRunner
 from bucketserve.engine.sdpa_attention import SdpaBackend
 
-from tests.unit.engine.helpers import prefill_seqs, rel_err
+from tests.unit.engine.helpers import paged_decode, prefill_seqs, rel_err, scattered_paged_cache
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -22,26 +22,6 @@ def kernels():
     """The kernels must build on the test machine: a failed build fails, never skips."""
     assert cpu_ops.load(), cpu_ops.unavailable_reason()
     return torch.ops.bucketserve
-
-
-def _paged(lengths, block, kv_heads, head_dim, gen, num_blocks=64):
-    k_cache = torch.randn(num_blocks, block, kv_heads, head_dim, generator=gen)
-    v_cache = torch.randn(num_blocks, block, kv_heads, head_dim, generator=gen)
-    ids = torch.randperm(num_blocks, generator=gen).tolist()
-    tables, start = [], 0
-    for n in lengths:
-        need = -(-n // block)
-        tables.append(ids[start : start + need])
-        start += need
-    return k_cache, v_cache, tables
-
-
-def _decode(backend, q, k_cache, v_cache, tables, lengths):
-    meta = AttentionMetadata(is_prefill=False, slot_mapping=torch.zeros(len(lengths)),
-                             seq_lens=lengths, max_seqlen=max(lengths))  # fmt: skip
-    to_tensor = lambda data, dtype: torch.tensor(data, dtype=dtype)  # noqa: E731
-    backend.prepare_decode(meta, tables, lengths, k_cache.shape[1], to_tensor)
-    return backend.decode(q, k_cache, v_cache, meta, scale=q.shape[-1] ** -0.5)
 
 
 @pytest.mark.parametrize(
@@ -55,10 +35,10 @@ def _decode(backend, q, k_cache, v_cache, tables, lengths):
 )
 def test_paged_attention_matches_sdpa(lengths, heads, kv_heads, block):
     gen = torch.Generator().manual_seed(len(lengths))
-    k_cache, v_cache, tables = _paged(lengths, block, kv_heads, 32, gen)
+    k_cache, v_cache, tables = scattered_paged_cache(lengths, block, kv_heads, 32, gen, 64)
     q = torch.randn(len(lengths), heads, 32, generator=gen)
-    ours = _decode(CpuPagedBackend(), q, k_cache, v_cache, tables, lengths)
-    ref = _decode(SdpaBackend(), q, k_cache, v_cache, tables, lengths)
+    ours = paged_decode(CpuPagedBackend(), q, k_cache, v_cache, tables, lengths)
+    ref = paged_decode(SdpaBackend(), q, k_cache, v_cache, tables, lengths)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
 
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 
 import torch
-from bucketserve.engine.attention import AttentionMetadata
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.config import EngineConfig
 from bucketserve.engine.runner import ModelRunner
 from bucketserve.engine.sdpa_attention import SdpaBackend
 from bucketserve.engine.triton_attention import TritonBackend
 
-from tests.unit.engine.helpers import prefill_seqs, rel_err
+from tests.unit.engine.helpers import paged_decode, prefill_seqs, rel_err, scattered_paged_cache
 
 CASES = [  # lengths, heads, kv heads, head_dim, block size
     ([1, 17, 40], 6, 2, 32, 16),  # partial blocks, groups of 3
@@ -26,20 +25,10 @@ def kernel_errors() -> list[float]:
     """Max |triton - SDPA| per case over scattered blocks."""
     errors, gen = [], torch.Generator().manual_seed(0)
     for lengths, heads, kv_heads, dim, block in CASES:
-        k_cache = torch.randn(32, block, kv_heads, dim, generator=gen)
-        v_cache = torch.randn(32, block, kv_heads, dim, generator=gen)
-        ids, tables = torch.randperm(32, generator=gen).tolist(), []
-        for n in lengths:
-            tables.append([ids.pop() for _ in range(-(-n // block))])
+        k_cache, v_cache, tables = scattered_paged_cache(lengths, block, kv_heads, dim, gen, 32)
         q = torch.randn(len(lengths), heads, dim, generator=gen)
-        outs = []
-        for backend in (TritonBackend(), SdpaBackend()):
-            meta = AttentionMetadata(is_prefill=False, slot_mapping=torch.zeros(1),
-                                     seq_lens=lengths, max_seqlen=max(lengths))  # fmt: skip
-            backend.prepare_decode(
-                meta, tables, lengths, block, lambda d, t: torch.tensor(d, dtype=t)
-            )
-            outs.append(backend.decode(q, k_cache, v_cache, meta, dim**-0.5))
+        outs = [paged_decode(b, q, k_cache, v_cache, tables, lengths)
+                for b in (TritonBackend(), SdpaBackend())]  # fmt: skip
         errors.append(float((outs[0] - outs[1]).abs().max()))
     return errors
 

@@ -49,30 +49,39 @@ struct PagedKv {
   int64_t block_stride, token_stride, head_stride, block_size, head_dim;
 };
 
+// Calls fn(t, row) for each of a sequence's n cached tokens in order, where row points at
+// token t's first head in `cache` (kv.k or kv.v), walking the block table block by block.
+template <typename Fn>
+inline void for_each_token(const float* cache, const PagedKv& kv, const int32_t* table,
+                           int64_t n, Fn fn) {
+  const int64_t bs = kv.block_size;
+  for (int64_t i = 0, start = 0; start < n; ++i, start += bs) {
+    const float* block = cache + table[i] * kv.block_stride;
+    for (int64_t t = start; t < std::min(n, start + bs); ++t) {
+      fn(t, block + (t - start) * kv.token_stride);
+    }
+  }
+}
+
 // Attention of query heads [h0 * G, h1 * G) of one sequence over its n cached tokens.
 // q: that sequence's [H, D] rows (row stride q_stride); out: its [H, D] output rows;
 // scores: room for (h1 - h0) * G * n floats.
 void attend(const PagedKv& kv, const int32_t* table, int64_t n, int64_t h0, int64_t h1,
             int64_t group, const float* q, int64_t q_stride, float scale, float* scores,
             float* out) {
-  const int64_t rows = (h1 - h0) * group, dim = kv.head_dim, bs = kv.block_size;
-  const int64_t num_blocks = (n + bs - 1) / bs;
+  const int64_t rows = (h1 - h0) * group, dim = kv.head_dim;
   std::vector<float> row_max(rows, -std::numeric_limits<float>::infinity());
-  for (int64_t i = 0; i < num_blocks; ++i) {
-    const float* block = kv.k + table[i] * kv.block_stride;
-    for (int64_t t = i * bs; t < std::min(n, (i + 1) * bs); ++t) {
-      const float* token = block + (t - i * bs) * kv.token_stride;
-      for (int64_t h = h0; h < h1; ++h) {
-        const float* key = token + h * kv.head_stride;
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t r = (h - h0) * group + g;
-          const float s = dot(q + (h * group + g) * q_stride, key, dim) * scale;
-          scores[r * n + t] = s;
-          row_max[r] = std::max(row_max[r], s);
-        }
+  for_each_token(kv.k, kv, table, n, [&](int64_t t, const float* token) {
+    for (int64_t h = h0; h < h1; ++h) {
+      const float* key = token + h * kv.head_stride;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = (h - h0) * group + g;
+        const float s = dot(q + (h * group + g) * q_stride, key, dim) * scale;
+        scores[r * n + t] = s;
+        row_max[r] = std::max(row_max[r], s);
       }
     }
-  }
+  });
   std::vector<float> row_sum(rows);
   for (int64_t r = 0; r < rows; ++r) {
     float* sr = scores + r * n;
@@ -86,19 +95,15 @@ void attend(const PagedKv& kv, const int32_t* table, int64_t n, int64_t h0, int6
   }
   float* out_rows = out + h0 * group * dim;
   std::fill(out_rows, out_rows + rows * dim, 0.f);
-  for (int64_t i = 0; i < num_blocks; ++i) {
-    const float* block = kv.v + table[i] * kv.block_stride;
-    for (int64_t t = i * bs; t < std::min(n, (i + 1) * bs); ++t) {
-      const float* token = block + (t - i * bs) * kv.token_stride;
-      for (int64_t h = h0; h < h1; ++h) {
-        const float* value = token + h * kv.head_stride;
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t r = (h - h0) * group + g;
-          axpy(out_rows + r * dim, scores[r * n + t], value, dim);
-        }
+  for_each_token(kv.v, kv, table, n, [&](int64_t t, const float* token) {
+    for (int64_t h = h0; h < h1; ++h) {
+      const float* value = token + h * kv.head_stride;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = (h - h0) * group + g;
+        axpy(out_rows + r * dim, scores[r * n + t], value, dim);
       }
     }
-  }
+  });
   for (int64_t r = 0; r < rows; ++r) {
     const float inv = 1.f / row_sum[r];
     for (int64_t d = 0; d < dim; ++d) out_rows[r * dim + d] *= inv;
