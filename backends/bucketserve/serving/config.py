@@ -69,7 +69,10 @@ class ServeConfig:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
         if self.run_id and not re.match(r"^[A-Za-z0-9]{1,12}$", self.run_id):
             raise ValueError(f"run_id must be 1-12 letters or digits, got {self.run_id!r}")
-        self.scheduler_config(max_model_len=2048)  # raises on unknown or invalid options
+        # Unknown or invalid options fail here. The model's context length is not known yet:
+        # check against the configured one, else the smallest, so no limit that depends on it
+        # (e.g. max_batched_tokens >= max_model_len) rejects a value the real model accepts.
+        self.scheduler_config(max_model_len=self.max_model_len or 2)
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         """The SchedulerConfig for a model context of max_model_len, with `scheduler` applied."""

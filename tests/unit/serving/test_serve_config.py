@@ -35,6 +35,12 @@ def test_bad_scheduler_overrides_name_the_option(scheduler, message):
         ServeConfig(scheduler=scheduler)
 
 
+def test_context_dependent_limits_wait_for_the_model():
+    ServeConfig(scheduler={"max_batched_tokens": 1024})  # fine for a 1,024-token model
+    with pytest.raises(ValueError, match="max_batched_tokens must be >= max_model_len=4096"):
+        ServeConfig(scheduler={"max_batched_tokens": 1024}, max_model_len=4096)
+
+
 def test_cli_scheduler_json_reaches_serve_config(monkeypatch):
     seen = {}
     monkeypatch.setattr("bucketserve.serving.cli.cmd_serve", lambda a: seen.setdefault("a", a))
