@@ -77,6 +77,8 @@ class StaticScheduler(BaseScheduler):
             new_longest, new_out = max(longest, meta.prompt_len), max(out, meta.max_tokens)
             if n * blocks_for(new_longest, bs) > budget.prefill_blocks:
                 break
+            if chosen and budget.tokens is not None and n * new_longest > budget.tokens:
+                break  # a padded batch computes n x longest prompt tokens
             if n * blocks_for(new_longest + new_out, bs) > budget.decode_blocks:
                 break
             chosen.append(meta)
