@@ -17,10 +17,11 @@ from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.decode_worker import DecodeWorker, Delta
 from bucketserve.serving.engine_glue import build_runner
 from bucketserve.serving.handoff import KIND_GENERATE, KIND_STOP, Handoff
-from bucketserve.serving.metrics import KvMetrics, RequestMetrics
+from bucketserve.serving.metrics import DecodeMetrics, KvMetrics, RequestMetrics
 from bucketserve.serving.model_info import load_tokenizer, model_info
 from bucketserve.serving.notify import FinishNotifier, socket_path
-from bucketserve.serving.triton_io import bytes_tensor, instance_index, json_input, model_parameter
+from bucketserve.serving.repository import model_index
+from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 GAUGE_INTERVAL_S = 0.25
@@ -56,7 +57,7 @@ class DecodeModel:
         from bucketserve.engine.block_manager import BlockManager
 
         cfg = ServeConfig.read(model_parameter(args, "run_config"))
-        index = instance_index(args)
+        index = model_index(args["model_name"])
         self.name = f"decode{index}"
         runner = build_runner(
             cfg, cfg.decode_devices[index], shm_name(cfg.run_id, "decode", index, "kv")
@@ -67,8 +68,16 @@ class DecodeModel:
         tokenizer = load_tokenizer(model_info(cfg)).backend_tokenizer
         self.outbox: queue.Queue = queue.Queue()
         self.worker = DecodeWorker(
-            runner, self.blocks, tokenizer, self.stats, self.outbox, cfg.handoff_timeout_s
+            runner,
+            self.blocks,
+            tokenizer,
+            self.stats,
+            self.outbox,
+            cfg.handoff_timeout_s,
+            max_batch=cfg.max_decode_batch,
+            watermark=cfg.scheduler_config(runner.model_config.max_model_len).watermark,
         )
+        self.stream_interval_s = cfg.stream_interval_s
         self.worker.publish()
         self.clients: dict[int, Client] = {}
         self.by_request_id: dict[str, int] = {}
@@ -77,6 +86,7 @@ class DecodeModel:
         self.lock = threading.Lock()
         self.keys = itertools.count()
         self.kv_metrics = KvMetrics(self.name)
+        self.decode_metrics = DecodeMetrics(self.name)
         self.req_metrics = RequestMetrics(self.name)
         self.threads = [
             threading.Thread(target=self.worker.loop, name="decode-engine", daemon=True),
@@ -154,16 +164,20 @@ class DecodeModel:
                     self.outbox.put(None)
                     break
                 items.append(item)
+            sent_s = time.monotonic()
             finished = self.deliver(merge(items))
             if finished:
                 self.kv_metrics.set(self.blocks.num_free_blocks, self.blocks.num_total_blocks)
             if time.monotonic() >= next_gauge:
                 self.housekeeping()
                 next_gauge = time.monotonic() + GAUGE_INTERVAL_S
+            # Coalescing interval: what the engine produces meanwhile goes out in one response.
+            time.sleep(max(0.0, self.stream_interval_s - (time.monotonic() - sent_s)))
 
     def housekeeping(self) -> None:
         """KV gauges, and cancellation of requests whose client went away (non-streaming too)."""
         self.kv_metrics.set(self.blocks.num_free_blocks, self.blocks.num_total_blocks)
+        self.decode_metrics.set(self.worker)
         with self.lock:
             clients = list(self.clients.items())
         for key, client in clients:
@@ -204,9 +218,10 @@ class DecodeModel:
             if self.by_request_id.get(p.request_id) == d.key:
                 del self.by_request_id[p.request_id]
         self.notifier.finished(client.handoff.sched_key, d.num_output_tokens)
+        self.decode_metrics.finished.increment(1)
         if d.error:
             client.sender.send(
-                pb_utils.InferenceResponse(error=pb_utils.TritonError(d.error)), flags=FINAL
+                pb_utils.InferenceResponse(error=triton_error(d.error, d.busy)), flags=FINAL
             )
         else:
             client.sender.send(
@@ -246,6 +261,13 @@ class DecodeModel:
         self.worker.runner.close()
 
 
+def triton_error(message: str, busy: bool):
+    """A busy (capacity) error carries UNAVAILABLE, which HTTP maps to 503 and gRPC to
+    UNAVAILABLE: the client should retry later; anything else stays INTERNAL."""
+    code = pb_utils.TritonError.UNAVAILABLE if busy else pb_utils.TritonError.INTERNAL
+    return pb_utils.TritonError(message, code)
+
+
 def merge(items: list[Delta]) -> list[Delta]:
     """One delta per request: texts concatenated, the latest counts and finish reason kept."""
     merged: dict[int, Delta] = {}
@@ -256,6 +278,6 @@ def merge(items: list[Delta]) -> list[Delta]:
             continue
         prev.text += d.text
         prev.num_output_tokens = d.num_output_tokens
-        prev.finish_reason, prev.error = d.finish_reason, d.error
+        prev.finish_reason, prev.error, prev.busy = d.finish_reason, d.error, d.busy
         prev.first_token_s = prev.first_token_s or d.first_token_s
     return list(merged.values())
