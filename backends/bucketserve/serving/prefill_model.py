@@ -136,7 +136,13 @@ class PrefillModel:
             raw = pb_utils.get_input_tensor_by_name(request, "sampling").as_numpy().reshape(-1)[0]
             rows = [PrefillRow(**r) for r in json.loads(raw)]
             self.finished.increment(len(rows))  # its requests are done here, whatever happens
+            start = time.time()
             reply = self.worker.run(ids, lens, rows)
+            # wall-clock span of each batch: shows (and lets tests check) batches overlapping
+            pb_utils.Logger.log_info(
+                f"prefill{self.worker.index} batch seqs={len(rows)} tokens={int(lens.sum())} "
+                f"span={start:.6f}-{time.time():.6f}"
+            )
         except Exception as e:  # the scheduler turns this into per-request errors
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"prefill failed: {e}"))
         return pb_utils.InferenceResponse(output_tensors=[bytes_tensor("result", reply.to_json())])
