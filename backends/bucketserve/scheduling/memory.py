@@ -30,6 +30,14 @@ def watermark_blocks(total_blocks: int, watermark: float) -> int:
     return int(watermark * total_blocks + 0.999999)
 
 
+def capacity_message(prompt_len: int, max_tokens: int, capacity_tokens: int) -> str:
+    """The error of a request that can never fit a decode pool (a busy error, not a 400)."""
+    return (
+        f"server busy: prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the "
+        f"decode KV cache ({capacity_tokens} tokens); lower max_tokens"
+    )
+
+
 @dataclass(slots=True)
 class DecodeMemory:
     """The decode memory model: one pool of `total_blocks` blocks of `block_size` tokens.

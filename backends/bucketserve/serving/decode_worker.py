@@ -8,47 +8,17 @@ import threading
 import time
 from bisect import insort
 from collections import deque
-from dataclasses import dataclass, field
 
-from bucketserve.kv.handoff import HandoffTable
-from bucketserve.kv.transport import PoolHandle, copy_blocks, open_pool
-from bucketserve.scheduling.memory import DecodeMemory
+from bucketserve.scheduling.memory import DecodeMemory, capacity_message
+from bucketserve.serving.decode_stream import Delta, Stream
 from bucketserve.serving.detok import TextStream
 from bucketserve.serving.engine_glue import new_sequence, publish_stats
 from bucketserve.serving.handoff import Handoff, PrefillRow
+from bucketserve.serving.kv_intake import KvIntake
 
 IDLE_WAIT_S = 0.01
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Delta:
-    """Text produced for one request since the last delta; `finish_reason` set on the last."""
-
-    key: int
-    text: str
-    num_output_tokens: int
-    finish_reason: str = ""
-    error: str = ""
-    first_token_s: float = 0.0  # wall time of the first token (set on the first delta)
-    admitted_s: float = 0.0  # wall time the KV was pulled
-    busy: bool = False  # the error is about capacity (server busy), not the request
-
-
-@dataclass(slots=True, eq=False)
-class Stream:
-    """Decode-side state of one request. `seq` is None until its KV is pulled (or it is
-    detached from its hand-off); `recompute` marks a sequence whose KV must be rebuilt here."""
-
-    key: int
-    handoff: Handoff
-    seq: object = None
-    text: TextStream | None = None
-    num_output: int = 0
-    queued_s: float = field(default_factory=time.monotonic)
-    recompute: bool = False
-    done: bool = False
 
 
 class DecodeWorker:
@@ -82,8 +52,7 @@ class DecodeWorker:
         self.cancel_lock = threading.Lock()
         self.waiting: deque[Stream] = deque()
         self.running: list[Stream] = []  # in arrival order: the tail is preempted first
-        self.pools: dict[str, object] = {}
-        self.tables: dict[str, HandoffTable] = {}
+        self.intake = KvIntake(runner)
         self.num_finished = self.num_preemptions = self.num_recomputed_tokens = 0
         self.stopping = False
 
@@ -163,7 +132,8 @@ class DecodeWorker:
             return True
         if s.seq is None:
             self.ack(s.handoff)
-        self.finish(s, "error", error=capacity_error(p, self.memory), busy=True)
+        message = capacity_message(p.num_input_tokens, p.max_tokens, self.memory.capacity_tokens)
+        self.finish(s, "error", error=message, busy=True)
         return False
 
     def admit(self) -> None:
@@ -194,9 +164,7 @@ class DecodeWorker:
         h = s.handoff
         s.seq = new_sequence(h.prompt_ids, PrefillRow.of(h.params))
         self.blocks.allocate_for(s.seq, h.params.num_input_tokens)
-        src = self.pool(h.pool)
-        n_src = len(h.block_ids)
-        copy_blocks(src, h.block_ids, self.runner.pool, s.seq.block_table[:n_src])
+        self.intake.copy(h, s.seq.block_table)
         if not self.ack(h):
             self.finish(
                 s, "error", error="KV hand-off expired before decode pulled it; retry the request"
@@ -222,17 +190,8 @@ class DecodeWorker:
             insort(self.running, s, key=lambda x: x.key)
             self.emit(s, tok)
 
-    def pool(self, handle_json: str):
-        if handle_json not in self.pools:
-            self.pools[handle_json] = open_pool(
-                PoolHandle.from_json(handle_json), self.runner.device
-            )
-        return self.pools[handle_json]
-
     def ack(self, h: Handoff) -> bool:
-        if h.handoff_table not in self.tables:
-            self.tables[h.handoff_table] = HandoffTable.open(h.handoff_table)
-        return self.tables[h.handoff_table].ack(h.handoff_id)
+        return self.intake.ack(h)
 
     def grow(self) -> None:
         """Room for every running sequence's next token; preempt from the tail if short."""
@@ -293,14 +252,6 @@ class DecodeWorker:
 
     def publish(self) -> None:
         publish_stats(self.stats, self.runner, self.blocks, len(self.running), len(self.waiting), 0)
-
-
-def capacity_error(p, memory: DecodeMemory) -> str:
-    """The message of a request that can never fit a decode instance's KV pool."""
-    return (
-        f"server busy: prompt ({p.num_input_tokens} tokens) + max_tokens ({p.max_tokens}) "
-        f"exceeds the decode KV cache ({memory.capacity_tokens} tokens); lower max_tokens"
-    )
 
 
 def _describe(e: Exception) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bucketserve.scheduling import ClusterView, PrefillBatch, RequestMeta
+from bucketserve.scheduling.memory import capacity_message
 from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.handoff import KIND_CANCELLED, KIND_GENERATE, KIND_STOP, Handoff
 
@@ -159,7 +160,8 @@ class SchedulerCore:
             self.sched.cancel(key)
             del self.waiting[key]
             self.by_user_id.pop(item.params.request_id, None)
-            self.send_error(item.sender, capacity_message(len(item.ids), item.params, limit), True)
+            message = capacity_message(len(item.ids), item.params.max_tokens, limit)
+            self.send_error(item.sender, message, True)
 
     # ---- dispatch -----------------------------------------------------------------------
     def dispatch_loop(self, index: int) -> None:
@@ -212,10 +214,3 @@ class SchedulerCore:
         for t in self.threads:
             t.join()
         return pending
-
-
-def capacity_message(prompt_len: int, params: GenerateParams, limit: int) -> str:
-    return (
-        f"server busy: prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) "
-        f"exceeds the decode KV cache ({limit} tokens); lower max_tokens"
-    )

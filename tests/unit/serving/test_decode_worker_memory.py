@@ -12,6 +12,7 @@ from bucketserve.serving import decode_worker as dw
 from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.decode_worker import DecodeWorker
 from bucketserve.serving.handoff import KIND_GENERATE, Handoff
+from bucketserve.serving.kv_intake import KvIntake
 
 
 def next_token(ids: list[int]) -> int:
@@ -62,9 +63,8 @@ class Words:
 def no_shared_memory(monkeypatch):
     """Hand-offs without a prefill instance: the copy and the ack always succeed."""
     monkeypatch.setattr(dw, "TextStream", Words)
-    monkeypatch.setattr(dw, "copy_blocks", lambda *a: None)
-    monkeypatch.setattr(DecodeWorker, "pool", lambda self, h: None)
-    monkeypatch.setattr(DecodeWorker, "ack", lambda self, h: True)
+    monkeypatch.setattr(KvIntake, "copy", lambda self, h, table: None)
+    monkeypatch.setattr(KvIntake, "ack", lambda self, h: True)
 
 
 def handoff(prompt: list[int], max_tokens: int) -> Handoff:
