@@ -10,6 +10,7 @@ configuration sees the same request lists). Prints a Markdown table of mean ± s
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from dataclasses import replace
@@ -41,6 +42,9 @@ def run(topology: str, balance: str, rate: float, seed: int, args) -> dict:
 
 
 def cell(values: list[float], column: str) -> str:
+    values = [float(v) for v in values]
+    if not all(math.isfinite(v) for v in values):
+        return f"n/a ({sum(not math.isfinite(v) for v in values)} runs without a value)"
     mean = statistics.fmean(values)
     spread = statistics.pstdev(values) if len(values) > 1 else 0.0
     if column == "attainment":
