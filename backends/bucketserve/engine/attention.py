@@ -26,6 +26,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32, paged decode kernels
     context_lens: torch.Tensor | None = None  # [B] int32, paged decode (incl. new token)
     decode_groups: list[DecodeGroup] | None = None  # SDPA decode
+    prefill_groups: list | None = None  # SDPA prefill: list[sdpa_prefill.PrefillGroup]
 
 
 @dataclass(slots=True)
@@ -87,6 +88,9 @@ class FlashAttnBackend:
             softmax_scale=scale,
             causal=True,
         )
+
+    def prepare_prefill(self, meta, to_tensor) -> None:
+        """Nothing beyond cu_seqlens (varlen)."""
 
     def prepare_decode(self, meta, tables, context_lens, block_size, to_tensor) -> None:
         """Fill meta with the padded block table and context lengths."""

@@ -59,7 +59,7 @@ class ModelRunner:
             self._optimize() if config.optimize_weights else ("torch", "torch")
         )
         self.num_blocks = config.num_blocks or auto_num_blocks(
-            config, self.device, self.block_size, self.model_config
+            config, self.device, self.block_size, self.model_config, self.attention_backend
         )
         name = config.pool_name or f"bs_engine_{os.getpid()}_{id(self) & 0xFFFF:x}_kv"
         self.pool, self.pool_handle = allocate_kv_pool(
@@ -178,6 +178,7 @@ class ModelRunner:
             seq_lens=seq_lens, max_seqlen=max(seq_lens),
             cu_seqlens=self._tensor(cu_seqlens, torch.int32),
         )  # fmt: skip
+        self._backend.prepare_prefill(meta, self._tensor)
         hidden = self._forward(input_ids, positions, meta)  # [T, D]
         return self.model.compute_logits(hidden[self._tensor(last_indices, torch.int64)])
 

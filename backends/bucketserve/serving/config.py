@@ -44,6 +44,10 @@ class ServeConfig:
     log_verbose: int = 0
     scheduler: dict = field(default_factory=dict)  # SchedulerConfig overrides, e.g. ablations
     model_dir: str = ""  # filled by the launcher: the resolved local checkpoint directory
+    # GPU: share of total memory one engine instance may use; None: 0.9 split evenly among the
+    # instances on that GPU (deterministic, whatever order they load in)
+    gpu_memory_utilization: float | None = None
+    cuda_graphs: bool = True  # GPU decode steps replayed as CUDA graphs; False: eager
 
     def __post_init__(self) -> None:
         if self.policy not in KNOWN_POLICIES:
@@ -65,6 +69,10 @@ class ServeConfig:
             raise ValueError(f"block_size must be in 1..1024, got {self.block_size}")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
         if self.run_id and not re.match(r"^[A-Za-z0-9]{1,12}$", self.run_id):
