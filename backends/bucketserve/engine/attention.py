@@ -158,6 +158,19 @@ def _cpu_paged_problem(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
+def block_size_for(backend: str, size: int | None) -> int:
+    """Tokens per KV block for a resolved backend (None: its default)."""
+    if backend == "triton" and size is not None and (size < 16 or size & (size - 1)):
+        raise ValueError(f"block_size must be a power of two >= 16 for attention='triton', "
+                         f"got {size}")  # fmt: skip
+    if backend != "flash_attn":
+        return size or 16
+    if size is not None and size % FLASH_BLOCK_MULTIPLE:
+        raise ValueError(f"block_size must be a multiple of {FLASH_BLOCK_MULTIPLE} for "
+                         f"attention='flash_attn', got {size}")  # fmt: skip
+    return size or FLASH_BLOCK_MULTIPLE
+
+
 def make_backend(name: str):
     """Backend object for a resolved name."""
     if name == "flash_attn":

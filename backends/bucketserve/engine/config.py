@@ -35,6 +35,8 @@ class EngineConfig:
     num_threads: int | None = None  # CPU: torch threads for this process; None: torch's default
     optimize_weights: bool = True  # fuse projections, oneDNN-pack on CPU; False: HF layout
     pool_name: str | None = None  # shm / IPC name of the KV pool; None: generated
+    cuda_graphs: bool = True  # GPU: replay decode steps as CUDA graphs (paged attention only)
+    static_decode: bool = True  # paged attention: fixed decode buffers, incremental block tables
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_ALIASES:

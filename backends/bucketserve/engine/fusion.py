@@ -4,10 +4,13 @@ rotary embedding + KV store, and SwiGLU through the C++ kernels (engine/csrc/cpu
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bucketserve.engine import cpu_ops
 from bucketserve.engine.model import MLP, Attention, CausalLM, RMSNorm
 
 
@@ -30,6 +33,28 @@ def fuse_projections(model: CausalLM) -> None:
         elif isinstance(module, MLP):
             module.gate_up_proj = _fused_linear([module.gate_proj, module.up_proj])
             del module.gate_proj, module.up_proj
+
+
+log = logging.getLogger(__name__)
+
+
+def optimize(model: CausalLM, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
+    """Fuse projections; on CPU route element-wise ops to the C++ kernels (float32) and
+    pre-pack linears for oneDNN. Returns (linear_impl, elementwise_impl)."""
+    fuse_projections(model)
+    is_cpu = device.type == "cpu"
+    elementwise = "torch"
+    if is_cpu and dtype == torch.float32 and cpu_ops.load():
+        use_cpu_kernels(model)
+        elementwise = "cpp"
+    if not (is_cpu and dtype in (torch.float32, torch.bfloat16) and is_onednn_available()):
+        return "torch", elementwise
+    try:
+        pack_for_onednn(model)
+    except RuntimeError as e:  # e.g. bf16 on a CPU without bf16 GEMMs
+        log.warning("oneDNN weight packing failed (%s); using torch linears", e)
+        return "torch", elementwise
+    return "onednn", elementwise
 
 
 def is_onednn_available() -> bool:
