@@ -163,9 +163,8 @@ class DecodeWorker:
 
     def pool(self, handle_json: str):
         if handle_json not in self.pools:
-            self.pools[handle_json] = open_pool(
-                PoolHandle.from_json(handle_json), self.runner.device
-            )
+            # On the exporter's GPU: copy_blocks moves the KV across if ours differs.
+            self.pools[handle_json] = open_pool(PoolHandle.from_json(handle_json))
         return self.pools[handle_json]
 
     def ack(self, h: Handoff) -> bool:
