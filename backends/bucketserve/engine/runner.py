@@ -57,7 +57,7 @@ class ModelRunner:
         # What runs the linears ("onednn" / "torch") and the norms, rope and SwiGLU ("cpp" /
         # "torch"): the eager HF layout unless optimize_weights.
         self.linear_impl, self.elementwise_impl = (
-            optimize(self.model, self.device, self.dtype)
+            optimize(self.model, self.device, self.dtype, self._triton_elementwise())
             if config.optimize_weights
             else ("torch", "torch")
         )
@@ -73,6 +73,13 @@ class ModelRunner:
         self.sampler = Sampler(self.device, config.seed)
         self.stats = StepStats()
         self._graphs = self._decode_graphs() if config.static_decode else None
+
+    def _triton_elementwise(self) -> bool:
+        """attention='triton' is the whole Triton fast path: the fused element-wise kernels
+        too (on CUDA; on CPU only when TRITON_INTERPRET=1 asks for them, as tests do)."""
+        return self.attention_backend == "triton" and (
+            self.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        )
 
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The static decode step, for attention backends that read block tables (SDPA plans
