@@ -44,6 +44,10 @@ class ServeConfig:
     log_verbose: int = 0
     scheduler: dict = field(default_factory=dict)  # SchedulerConfig overrides, e.g. ablations
     model_dir: str = ""  # filled by the launcher: the resolved local checkpoint directory
+    # GPU: share of total memory one engine instance may use; None: 0.9 split evenly among the
+    # instances on that GPU (deterministic, whatever order they load in)
+    gpu_memory_utilization: float | None = None
+    cuda_graphs: bool = True  # GPU decode steps replayed as CUDA graphs; False: eager
 
     def __post_init__(self) -> None:
         if self.policy not in KNOWN_POLICIES:
@@ -70,6 +74,10 @@ class ServeConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.stream_interval_s <= 1.0:
             raise ValueError(f"stream_interval_s must be in [0, 1], got {self.stream_interval_s}")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
         if self.run_id and not re.match(r"^[A-Za-z0-9]{1,12}$", self.run_id):

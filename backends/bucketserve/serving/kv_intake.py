@@ -18,7 +18,7 @@ class KvIntake:
     def copy(self, h: Handoff, block_table: list[int]) -> None:
         """Copy the hand-off's prompt blocks into this instance's blocks `block_table`."""
         if h.pool not in self.pools:
-            self.pools[h.pool] = open_pool(PoolHandle.from_json(h.pool), self.runner.device)
+            self.pools[h.pool] = open_pool(PoolHandle.from_json(h.pool))
         n_src = len(h.block_ids)
         copy_blocks(self.pools[h.pool], h.block_ids, self.runner.pool, block_table[:n_src])
 
