@@ -24,12 +24,9 @@ class Sweep:
     sched_overrides: dict | None = None
     duration_s: float | None = None  # if set, at least rate x duration_s requests per run
 
-    def config_for(self) -> SchedulerConfig | None:
-        if not self.sched_overrides:
-            return None
-        overrides = {"max_num_seqs": self.cluster.max_num_seqs} | self.sched_overrides
-        return SchedulerConfig.with_overrides(
-            overrides, max_model_len=self.workload.max_model_len, block_size=self.cluster.block_size
+    def config_for(self, policy: str = "") -> SchedulerConfig:
+        return self.cluster.scheduler_config(
+            self.workload.max_model_len, self.sched_overrides, policy
         )
 
     def run_one(self, policy: str, rate: float) -> RunMetrics:
@@ -42,7 +39,7 @@ class Sweep:
             make_requests(spec),
             self.cluster,
             self.latency,
-            self.config_for(),
+            self.config_for(policy),
             spec.max_model_len,
         )
         return summarize(sim.run(), spec.name, rate)

@@ -11,8 +11,8 @@ from bucketserve.sim.latency import FittedLatency
 
 def test_llama2_13b_shapes_and_pool():
     assert LLAMA2_13B.kv_bytes_per_token == 819_200
-    # 0.9 x 40 GB - 26.03 GB weights = 9.97 GB -> / (16 x 819,200) = 760 blocks
-    assert kv_pool_blocks(A100_40GB, LLAMA2_13B, 16) == 760
+    # 0.9 x 40 GiB - 26.03 GB weights = 12.62 GB -> / (16 x 819,200) = 963 blocks
+    assert kv_pool_blocks(A100_40GB, LLAMA2_13B, 16) == 963
 
 
 def test_roofline_regimes(latency):
