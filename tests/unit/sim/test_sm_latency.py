@@ -14,13 +14,13 @@ def srm(latency) -> SmPartitionLatency:
 
 def test_prefill_time_falls_with_every_sm_added(srm):
     times = [srm.prefill_time([512, 512], sms=s) for s in range(2, A100_40GB.sms + 1, 2)]
-    assert all(a > b for a, b in zip(times, times[1:]))
+    assert all(a > b for a, b in zip(times, times[1:], strict=False))
     assert srm.prefill_time([512, 512]) == pytest.approx(srm.base.prefill_time([512, 512]))
 
 
 def test_decode_stops_improving_past_the_bandwidth_knee(srm):
     times = [srm.decode_time(8, 8 * 300, sms=s) for s in range(2, A100_40GB.sms + 1, 2)]
-    assert all(a >= b for a, b in zip(times, times[1:]))
+    assert all(a >= b for a, b in zip(times, times[1:], strict=False))
     knee = A100_40GB.bandwidth_sms
     assert srm.decode_time(8, 2400, sms=knee) == pytest.approx(srm.decode_time(8, 2400))
     assert srm.decode_time(8, 2400, sms=knee // 2) > 1.5 * srm.decode_time(8, 2400)
