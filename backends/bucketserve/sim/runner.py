@@ -42,7 +42,13 @@ class Sweep:
             self.config_for(policy),
             spec.max_model_len,
         )
-        return summarize(sim.run(), spec.name, rate)
+        m = summarize(sim.run(), spec.name, rate)
+        m.seed = spec.seed
+        return m
+
+    def with_seed(self, seed: int) -> Sweep:
+        """The same grid on another seed's requests."""
+        return replace(self, workload=replace(self.workload, seed=seed))
 
     def run(self, progress=None) -> list[RunMetrics]:
         rows = []
@@ -61,14 +67,18 @@ def parse_rates(text: str) -> tuple[float, ...]:
     return rates
 
 
-def expand_policies(names: Iterable[str], all_policies: tuple[str, ...]) -> tuple[str, ...]:
+def expand_policies(
+    names: Iterable[str], all_policies: tuple[str, ...], known: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """Policy names from comma lists; "all" means all_policies; any of `known` is accepted."""
+    valid = tuple(dict.fromkeys((*all_policies, *known)))
     out: list[str] = []
     for name in names:
         for part in name.split(","):
             if part == "all":
                 out.extend(all_policies)
-            elif part in all_policies:
+            elif part in valid:
                 out.append(part)
             else:
-                raise ValueError(f"policy must be one of {all_policies} or 'all', got {part!r}")
+                raise ValueError(f"policy must be one of {valid} or 'all', got {part!r}")
     return tuple(dict.fromkeys(out))
