@@ -112,9 +112,17 @@ def _bilinear(n: np.ndarray, length: np.ndarray) -> np.ndarray:
     return np.stack([n * length, n, length, np.ones_like(n)], axis=1)
 
 
-def _fit(n: list[float], length: list[float], seconds: list[float]) -> np.ndarray:
+REDUCED = {"prefill": (0, 3), "decode": (1, 3)}  # N*L + const, N + const
+
+
+def _fit(n: list[float], length: list[float], seconds: list[float], phase: str) -> np.ndarray:
+    """Least squares for the bilinear form; with fewer than 4 distinct (N, L) points, the
+    reduced form the points can determine (prefill p1 N L + p4, decode d2 N + d4)."""
     x = _bilinear(np.asarray(n, float), np.asarray(length, float))
-    coef, *_ = np.linalg.lstsq(x, np.asarray(seconds, float), rcond=None)
+    y = np.asarray(seconds, float)
+    coef = np.zeros(4)
+    cols = list(REDUCED[phase]) if len(set(zip(n, length, strict=True))) < 4 else [0, 1, 2, 3]
+    coef[cols], *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
     return coef
 
 
@@ -153,11 +161,10 @@ class FittedLatency:
             cols = data[row["phase"]]
             cols[0].append(n), cols[1].append(length), cols[2].append(tokens / tps)
         for phase, cols in data.items():
-            if len(cols[0]) < 4:
-                raise ValueError(
-                    f"need >= 4 {phase} rows to fit the bilinear model, got {len(cols[0])}"
-                )
-        return cls(_fit(*data["prefill"]), _fit(*data["decode"]), handoff_bytes_per_s, kv_bytes)
+            if len(set(zip(cols[0], cols[1], strict=True))) < 2:
+                raise ValueError(f"need >= 2 distinct {phase} (batch, length) points to fit")
+        return cls(_fit(*data["prefill"], "prefill"), _fit(*data["decode"], "decode"),
+                   handoff_bytes_per_s, kv_bytes)  # fmt: skip
 
     @classmethod
     def from_jsonl(
