@@ -85,20 +85,23 @@ PLACEMENTS = ("distserve 1P3D", "distserve 2P2D", "distserve 3P1D")
 def best_placement(g: dict, workload: str) -> str:
     """DistServe's placement search: the split with the highest mean goodput@90."""
     cands = [s for s in PLACEMENTS if (s, workload) in g]
+    if not cands:
+        return "distserve (not run)"
     return max(cands, key=lambda s: mean_ci(values(g, s, workload, 0.9))[0])
 
 
 def table(g: dict, systems: Sequence[str], workload: str, extra=()) -> list[str]:
     """Markdown rows: goodput @80/@90/@99, @90 under the p90-TBT SLO, capacity."""
-    head = "| system | GPUs | goodput@80 | @90 | @99 | @90, p90-TBT SLO | capacity |"
-    lines = [head + "".join(f" {h} |" for h, _ in extra), "|---" * (7 + len(extra)) + "|"]
+    head = "| system | GPUs | seeds | goodput@80 | @90 | @99 | @90, p90-TBT SLO | capacity |"
+    lines = [head + "".join(f" {h} |" for h, _ in extra), "|---" * (8 + len(extra)) + "|"]
     for s in systems:
         if (s, workload) not in g:
             continue
         cells = [fmt_ci(values(g, s, workload, k)) for k in (*TARGETS, "tail90", "capacity")]
         cells += [fn(g, s, workload) for _, fn in extra]
         gpus = int(values(g, s, workload, "num_gpus")[0])
-        lines.append(f"| {s} | {gpus} | " + " | ".join(cells) + " |")
+        seeds = len(g[(s, workload)])
+        lines.append(f"| {s} | {gpus} | {seeds} | " + " | ".join(cells) + " |")
     return lines
 
 
