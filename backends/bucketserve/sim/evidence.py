@@ -88,13 +88,11 @@ SYSTEMS = (
     System("bucketserve 2P2D (padded)", "bucketserve", PD | {"padded_prefill": True}, {}, MIXED, "padded"),
     # one mechanism at a time, Mixed
     System("bucketserve, no task types", "bucketserve", PD, {"bucket_by_task_type": False}, MIXED, "ablation"),
-    System("bucketserve, no bucketing", "bucketserve", PD, {"enable_bucketing": False}, MIXED, "ablation"),
     System("bucketserve+, one bucket", "bucketserve+", PD, {"max_buckets": 1}, MIXED, "ablation"),
     System("bucketserve+, no output reserve", "bucketserve+", PD, {"output_reserve": "none"}, MIXED, "ablation"),
     System("bucketserve+, prefill-only admission", "bucketserve+", PD, {"admission": "prefill"}, MIXED, "ablation"),
     System("edf chunked", "edf", {"topology": "chunked"}, {}, MIXED, "ablation"),
-    # horizon check: the same two systems with 2x longer runs
-    System("distserve 2P2D, 600 s", "distserve", PD, {}, MIXED, "horizon", 600.0),
+    # horizon check: the system the 120 s runs flattered most, with 2x longer runs
     System("bucketserve+ 2P2D, 600 s", "bucketserve+", PD, {}, MIXED, "horizon", 600.0),
 )  # fmt: skip
 
@@ -103,10 +101,12 @@ def _run(system: System, cluster: ClusterSpec, workload: str, seed: int, rate: f
     duration = system.duration or DURATION[workload]
     spec = WorkloadSpec(workload, max(int(rate * duration), 50), rate, seed=seed)
     cfg = cluster.scheduler_config(spec.max_model_len, system.sched, system.policy)
+    cpu = time.process_time()
     out = Simulator(system.policy, make_requests(spec), cluster, LATENCY, cfg).run()
     m = summarize(out, workload, rate)
     m.policy, m.seed = system.label, seed
-    return m.as_dict() | {"group": system.group, "duration_s": duration}
+    extra = {"group": system.group, "duration_s": duration, "cpu_s": time.process_time() - cpu}
+    return m.as_dict() | extra
 
 
 def _crosses(lo: dict, hi: dict) -> bool:
@@ -157,11 +157,12 @@ def offline(seed: int, n: int = 1000) -> list[dict]:
     return rows
 
 
-def run_all(systems=SYSTEMS, seeds=SEEDS, workers: int = 2, sink=None) -> list[dict]:
-    """Every (system, workload, seed) sweep on up to `workers` processes, the main table's
-    first (Mixed, then Alpaca); `sink(rows)` gets each finished sweep (partial results)."""
+def run_all(systems=SYSTEMS, seeds=SEEDS, workers: int = 2, sink=None, done=()) -> list[dict]:
+    """Every (system, workload, seed) sweep not in `done` on up to `workers` processes, the
+    main table's first (Mixed, then Alpaca); `sink(rows)` gets each finished sweep."""
     order = {"main": 0, "padded": 1, "ablation": 2, "horizon": 3}
-    units = sorted(((s, w, seed) for s in systems for w in s.workloads for seed in seeds),
+    units = sorted(((s, w, seed) for s in systems for w in s.workloads for seed in seeds
+                    if (s.label, w, seed) not in done),
                    key=lambda u: (order[u[0].group], u[1] != "mixed", u[2]))  # fmt: skip
     rows: list[dict] = []
     t0 = time.perf_counter()
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="processes (<= 2 on shared machines)")
     p.add_argument("--seeds", type=int, default=len(SEEDS))
     p.add_argument("--render-only", action="store_true", help="re-render from --out/runs.csv")
+    p.add_argument("--resume", action="store_true", help="keep the sweeps in runs.partial.csv")
     p.add_argument("--server-run", type=Path, default=SERVER_RUN, help="smoke run to check against")
     p.add_argument("--bench", type=Path, default=BENCH, help="engine_bench JSON lines to fit")
     a = p.parse_args(argv)
@@ -197,11 +199,21 @@ def main(argv: list[str] | None = None) -> int:
         off = read_rows(off_csv) if off_csv.exists() else []
     else:
         seeds = tuple(range(a.seeds))
-        with get_context("fork").Pool(a.workers) as pool:
-            off = [r for rs in pool.map(offline, seeds) for r in rs]
-        write_rows(off, off_csv)
+        if a.resume and off_csv.exists():
+            off = read_rows(off_csv)
+        else:
+            with get_context("fork").Pool(a.workers) as pool:
+                off = [r for rs in pool.map(offline, seeds) for r in rs]
+            write_rows(off, off_csv)
+        kept = read_rows(partial) if a.resume and partial.exists() else []
+        keep = {s.label for s in SYSTEMS}
+        kept = [r | {"cpu_s": r.get("cpu_s", float("nan"))} for r in kept if r["policy"] in keep]
         partial.unlink(missing_ok=True)
-        rows = run_all(seeds=seeds, workers=a.workers, sink=lambda r: append_rows(r, partial))
+        if kept:
+            append_rows(kept, partial)
+        done = {(r["policy"], r["workload"], int(r["seed"])) for r in kept}
+        rows = kept + run_all(seeds=seeds, workers=a.workers, done=done,
+                              sink=lambda r: append_rows(r, partial))  # fmt: skip
         write_rows(rows, runs)
         partial.unlink()
     wall = time.perf_counter() - t0

@@ -17,12 +17,13 @@ END = "<!-- END generated -->"
 NUMERIC = {"rate", "attainment", "attainment_tail", "late_attainment", "late_attainment_tail",
            "served_rate", "completion_rate", "decision_share", "padding_ratio", "num_gpus",
            "seed", "duration_s", "throughput_tok_s", "mean_ttft_s", "mean_tpot_s",
-           "mean_decision_us", "max_buckets", "slow_token_share"}  # fmt: skip
+           "mean_decision_us", "max_buckets", "slow_token_share", "cpu_s"}  # fmt: skip
 
 
 def write_rows(rows: Sequence[dict], path: Path) -> None:
+    fields = list(dict.fromkeys(k for r in rows for k in r))  # resumed rows may lack new columns
     with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=fields, restval="nan")
         w.writeheader()
         w.writerows(rows)
 
@@ -30,8 +31,9 @@ def write_rows(rows: Sequence[dict], path: Path) -> None:
 def append_rows(rows: Sequence[dict], path: Path) -> None:
     """Append rows (header on first write): an interrupted run keeps what it finished."""
     new = not path.exists()
+    fields = list(rows[0]) if new else next(csv.reader(path.open()))
     with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=fields, restval="nan", extrasaction="ignore")
         if new:
             w.writeheader()
         w.writerows(rows)

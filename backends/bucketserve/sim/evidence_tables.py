@@ -26,7 +26,11 @@ def method(g: dict, rows: list[dict], wall_s: float | None) -> list[str]:
     clamped = sum(v["clamped"] for seeds in g.values() for v in seeds.values())
     runs = len(rows)
     growing = sum(r["growing"] for r in rows)
-    took = f" in {wall_s / 60:.1f} min" if wall_s else ""
+    took = f" in {wall_s / 60:.1f} min wall" if wall_s else ""
+    cpu = [r["cpu_s"] for r in rows if not math.isnan(r.get("cpu_s", math.nan))]
+    if cpu:  # what two idle cores would need: the measured CPU seconds over two workers
+        took += (f"; the {len(cpu)} runs with a CPU-time record used {sum(cpu) / 60:.0f} CPU-min "
+                 f"(mean {sum(cpu) / len(cpu):.1f} s per run)")  # fmt: skip
     horizon = sorted({f"{s.duration:g} s" for s in SYSTEMS if s.duration})
     return [
         f"Method (every table below): {len(SEEDS)} seeds (0–{len(SEEDS) - 1}; seed k gives every "
