@@ -38,7 +38,8 @@ class AdmissionChoice(BaseScheduler):
             d = decode_by_id[p.instance_id]
         else:  # the decode instance whose pool will be freest once its queued hand-offs land
             d = min(view.decode, key=lambda s: (-self._decode_room(s), s.instance_id))
-        return p, d, Budget(p.free_blocks, UNBOUNDED, self.config.max_num_seqs, p.block_size)
+        seqs, tokens = self.config.max_num_seqs, self.config.max_prefill_tokens
+        return p, d, Budget(p.free_blocks, UNBOUNDED, seqs, p.block_size, tokens)
 
     def _decode_room(self, d: InstanceStats) -> int:
         return d.free_blocks - self.ledger.pending_prompt_blocks(d.instance_id, d.pending_handoffs)
@@ -129,6 +130,8 @@ class StaticScheduler(BaseScheduler):
             new_longest, new_out = max(longest, meta.prompt_len), max(out, meta.max_tokens)
             if n * blocks_for(new_longest, bs) > budget.prefill_blocks:
                 break
+            if chosen and budget.tokens is not None and n * new_longest > budget.tokens:
+                break  # a padded batch computes n x longest prompt tokens
             if n * blocks_for(new_longest + new_out, bs) > budget.decode_blocks:
                 break
             chosen.append(meta)

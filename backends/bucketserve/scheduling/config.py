@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from bucketserve.scheduling.placement import DECODE_BALANCES
+
 RESERVE_MODES = ("none", "expected", "max")
 ADMISSIONS = ("headroom", "prefill")
 OFFLINE_ORDERS = ("sjf", "ljf")
@@ -32,6 +34,10 @@ class SchedulerConfig:
     output_reserve: str | None = None
     expected_output_tokens: int = 128
     max_num_seqs: int = 256
+    # every policy: prefill tokens per batch (None: no cap; one longer prompt still runs alone)
+    max_prefill_tokens: int | None = None
+    # decode placement with several decode instances (scheduling/placement.py)
+    decode_balance: str = "maxmin"
     # bucketserve (faithful): Eq. 6 safety factor and the offline order inside buckets
     memory_safety: float = 0.9
     offline_order: str = "sjf"
@@ -94,6 +100,10 @@ class SchedulerConfig:
             raise ValueError(f"output_reserve must be one of {RESERVE_MODES} or None")
         if self.admission is not None and self.admission not in ADMISSIONS:
             raise ValueError(f"admission must be one of {ADMISSIONS} or None")
+        if self.decode_balance not in DECODE_BALANCES:
+            raise ValueError(f"decode_balance must be one of {DECODE_BALANCES}")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.offline_order not in OFFLINE_ORDERS:
             raise ValueError(f"offline_order must be one of {OFFLINE_ORDERS}")
         self._check_counts()

@@ -32,6 +32,18 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=d.block_size)
     p.add_argument("--kv-cache-gb", type=float, default=d.kv_cache_gb)
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=d.gpu_memory_utilization,
+        help="GPU: share of total memory per engine instance (default 0.9 / instances)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=d.cuda_graphs,
+        help="GPU: replay decode steps as CUDA graphs (--no-cuda-graphs: eager)",
+    )
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
     p.add_argument("--log-verbose", type=int, default=d.log_verbose)
     p.add_argument(
@@ -56,6 +68,8 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         block_size=a.block_size,
         kv_cache_gb=a.kv_cache_gb,
         max_model_len=a.max_model_len,
+        gpu_memory_utilization=a.gpu_memory_utilization,
+        cuda_graphs=a.cuda_graphs,
         default_max_tokens=a.default_max_tokens,
         log_verbose=a.log_verbose,
         scheduler=a.scheduler,
