@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import platform
 import shutil
@@ -10,11 +11,14 @@ import torch
 from common import emit, on_gpu
 
 
-def _version(name: str) -> str | None:
+def _version(name: str, dist: str | None = None) -> str | None:
+    """Installed version without importing the package (some imports take seconds)."""
     if importlib.util.find_spec(name) is None:
         return None
-    module = __import__(name)
-    return getattr(module, "__version__", "present")
+    try:
+        return importlib.metadata.version(dist or name)
+    except importlib.metadata.PackageNotFoundError:
+        return "present"
 
 
 def main() -> None:
@@ -23,7 +27,7 @@ def main() -> None:
         "torch_cuda": torch.version.cuda, "cuda_available": on_gpu(),
         "triton": _version("triton"), "transformers": _version("transformers"),
         "numpy": _version("numpy"), "flash_attn": _version("flash_attn"),
-        "pytriton": _version("pytriton"), "pytest": _version("pytest"),
+        "pytriton": _version("pytriton", "nvidia-pytriton"), "pytest": _version("pytest"),
         "tritonserver_on_path": shutil.which("tritonserver"),
     }  # fmt: skip
     if on_gpu():

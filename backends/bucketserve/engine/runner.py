@@ -107,7 +107,8 @@ class ModelRunner:
         """One line for logs: model, device, dtype and which implementation runs each part."""
         return (f"{self.config.model} on {self.device} {str(self.dtype).removeprefix('torch.')}: "
                 f"attention {self.attention_backend}, linears {self.linear_impl}, "
-                f"norms/rope/SwiGLU {self.elementwise_impl}, "
+                f"norms/rope/SwiGLU {self.elementwise_impl}, decode "
+                f"{'CUDA graphs' if self.uses_cuda_graphs else 'eager'}, "
                 f"{self.num_blocks} KV blocks of {self.block_size} tokens")  # fmt: skip
 
     @property
