@@ -25,6 +25,7 @@ from bucketserve.serving.handoff import (
 from bucketserve.serving.metrics import SchedulerMetrics
 from bucketserve.serving.model_info import model_info
 from bucketserve.serving.notify import FinishListener, socket_path
+from bucketserve.serving.overload import Admission
 from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter
 
 ERROR_BACKOFF_S = 0.5  # after an unexpected error, before the loop tries again
@@ -64,6 +65,7 @@ class SchedulerModel:
         self.sched = make_scheduler(self.cfg.policy, sched_cfg, time.monotonic)
         self.cluster = ClusterStats(self.cfg)
         self.metrics = SchedulerMetrics(self.cfg.policy)
+        self.admission = Admission(self.cfg, info.max_model_len)  # bounded queue: busy beyond
         self.waiting: dict[str, Waiting] = {}
         self.by_user_id: dict[str, str] = {}
         self.next_key = 0
@@ -99,7 +101,7 @@ class SchedulerModel:
                 continue
             if params.stop:
                 self.stop(sender, params)
-            else:
+            elif self.admission.admit(sender, len(self.waiting)):
                 self.enqueue(sender, ids.astype(np.int64).tolist(), params)
         return None
 
