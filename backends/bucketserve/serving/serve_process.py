@@ -41,6 +41,7 @@ class ServeProcess:
         ]
         self.log_path = self.run_dir.parent / f"{self.run_dir.name}-launcher.log"
         self.proc: subprocess.Popen | None = None
+        self._run_id = ""
 
     @property
     def http_url(self) -> str:
@@ -116,10 +117,11 @@ class ServeProcess:
         return {n for n in os.listdir("/dev/shm") if n.startswith(f"bs_{run_id}_")}
 
     def run_id(self) -> str:
+        """Read once while the launcher runs (it removes its state file when it exits)."""
         state = self.run_dir / "launcher.json"
-        if state.exists():
-            return json.loads(state.read_text())["run_id"]
-        return ""
+        if not self._run_id and state.exists():
+            self._run_id = json.loads(state.read_text())["run_id"]
+        return self._run_id
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 120.0) -> float:
         """Signal the launcher, wait for it; seconds it took (SIGKILL if it overran)."""
