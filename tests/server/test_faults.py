@@ -12,9 +12,12 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 import requests
 from bucketserve.serving.serve_process import ServeProcess
+
+from tests.server.test_errors import grpc_call, tensor
 
 QUEUE_LIMIT = 8
 MB = 1_000_000
@@ -23,7 +26,7 @@ GS = "/v2/models/bucketserve/generate_stream"
 INFER = "/v2/models/preprocessing/infer"  # HTTP infer needs a non-decoupled model
 FORM = "application/x-www-form-urlencoded"
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.server, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +112,15 @@ def test_prompt_over_the_byte_limit_is_refused_before_tokenizing(svc):
     """Under the body limit but far beyond any context: refused by size, not after 10 s."""
     r = requests.post(url(svc, G), json={"text_input": "a " * 1_500_000, "max_tokens": 2})
     assert r.status_code == 400 and "bytes; no prompt over" in r.json()["error"]
+
+
+def test_grpc_50mb_prompt_is_refused_and_the_server_keeps_serving(svc):
+    """Triton 2.51 takes gRPC messages of any size (no flag caps it): the prompt check does."""
+    text = np.array([b"a " * (25 * MB)], dtype=np.object_)
+    inputs = [tensor("text_input", text, "BYTES"), tensor("max_tokens", np.int32([2]), "INT32")]
+    _, errors = grpc_call(svc, inputs)
+    assert errors and "bytes; no prompt over" in errors[0], errors
+    assert served(svc)
 
 
 def test_burst_over_the_queue_limit_gets_busy_and_the_rest_is_served(svc):
