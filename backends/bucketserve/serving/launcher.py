@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.procs import die_with_parent, kill_tree, stubs_of
+from bucketserve.serving.procs import die_with_parent, kill_tree, reap_children, stubs_of
 from bucketserve.serving.repository import render
 from bucketserve.serving.triton_env import assemble_backends, find_triton, server_env
 
@@ -144,6 +144,7 @@ class TritonServer:
             stubs = [s.pid for s in stubs_of(self.proc.pid)]
             kill_tree(self.proc.pid, stubs)
             self.proc.wait()
+            reap_children()  # stubs re-parented to us (a subreaper) after the server died
         clean_shm(self.cfg.run_id)
 
     def __enter__(self) -> TritonServer:

@@ -105,7 +105,7 @@ def is_alive(pid: int) -> bool:
 
 
 def kill_tree(pgid: int, extra_pids: list[int]) -> None:
-    """SIGKILL the server's process group and any stub that left it; reap what we inherited."""
+    """SIGKILL the server's process group and any stub that left it (reaping is the caller's)."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
@@ -115,7 +115,6 @@ def kill_tree(pgid: int, extra_pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    reap_children()
 
 
 def reap_children() -> None:
