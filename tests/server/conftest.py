@@ -22,9 +22,7 @@ def start_server(tmp_path_factory, **overrides) -> TritonServer:
         grpc_port=free_port(),
         metrics_port=free_port(),
         run_dir=str(run_dir),
-        kv_cache_gb=0.5,
-        max_model_len=2048,
-        **overrides,
+        **({"kv_cache_gb": 0.5, "max_model_len": 2048} | overrides),
     )
     server = TritonServer(cfg)
     server.start()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from bucketserve.serving.procs import STUB_NAME
+from bucketserve.serving.procs import STUB_NAME, stub_instance
 
 
 def free_port() -> int:
@@ -102,11 +102,14 @@ class ServeProcess:
         return None
 
     def stub_pid(self, instance: str) -> int | None:
-        """The live stub serving `instance`, e.g. decode_0_0."""
+        """The live stub of `instance` (e.g. decode_0_0), or of the first one under that prefix
+        (decode_0 -> decode_0_0_0: per-device models are named decode_<i>)."""
         for p in self.processes():
             cmd = p.info["cmdline"]
-            if cmd[0].endswith(STUB_NAME) and instance in cmd:
-                return p.pid
+            if cmd[0].endswith(STUB_NAME):
+                name = stub_instance(cmd)
+                if name == instance or name.startswith(instance + "_"):
+                    return p.pid
         return None
 
     def shm_segments(self) -> set[str]:

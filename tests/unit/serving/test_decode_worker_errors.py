@@ -9,7 +9,8 @@ from types import SimpleNamespace
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.sequence import Sequence
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.decode_worker import DecodeWorker, Stream
+from bucketserve.serving.decode_stream import Stream
+from bucketserve.serving.decode_worker import DecodeWorker
 from bucketserve.serving.handoff import KIND_GENERATE, Handoff
 
 
