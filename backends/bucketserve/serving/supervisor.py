@@ -63,6 +63,8 @@ class Supervisor:
         delay, ever_ready = 1.0, False
         while not self.stopping.is_set():
             cause, part = self.start_once()
+            if self.stopping.is_set():
+                return
             if cause is None:
                 if not ever_ready:
                     on_first_ready()
@@ -72,7 +74,7 @@ class Supervisor:
                     return
                 if time.monotonic() - since > STABLE_S:
                     delay = 1.0
-            elif not ever_ready and not self.stopping.is_set():
+            elif not ever_ready:
                 raise RuntimeError(f"{cause}:\n{self.server.log_tail()}")  # never served: config
             if self.stopping.is_set():
                 return
@@ -83,6 +85,12 @@ class Supervisor:
 
     def start_once(self) -> tuple[str | None, str]:
         """A fresh server on a fresh internal port; (None, "") once ready, else (cause, part)."""
+        try:
+            return self.start_server()
+        except Exception as e:  # e.g. the run folder could not be rendered: retry with backoff
+            return f"tritonserver could not start: {type(e).__name__}: {e}", "tritonserver"
+
+    def start_server(self) -> tuple[str | None, str]:
         port = free_port()
         self.server = TritonServer(self.cfg, triton_http_port=port)
         self.health.set(STARTING, self.health.cause, upstream=f"http://127.0.0.1:{port}")
