@@ -81,7 +81,8 @@ def test_body_over_limit_is_413_before_upstream(setup):
     chunks = (b"x" * 4096 for _ in range(LIMIT // 4096 + 2))  # chunked: no declared length
     assert requests.post(f"{base}/v2/models/m/generate", data=chunks).status_code == 413
     assert up.seen == []
-    ok = requests.post(f"{base}/v2/models/m/generate", data=b"x" * LIMIT)
+    exact = b'{"text_input": "' + b"x" * (LIMIT - 18) + b'"}'  # exactly LIMIT bytes of JSON
+    ok = requests.post(f"{base}/v2/models/m/generate", data=exact)
     assert ok.status_code == 200 and ok.json() == {"len": LIMIT}
 
 
