@@ -75,7 +75,14 @@ async def load(sp: ServeProcess, a, rate: float, warm_cb, fault_cb) -> list[Outc
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
         fault_task = asyncio.create_task(fault_cb(tasks)) if fault_cb else None
         warm_done = False
-        while time.monotonic() - start < a.duration and len(tasks) < a.max_requests:
+
+        def more() -> bool:  # with --faults, the load goes on until the last part is back
+            running = fault_task is not None and not fault_task.done()
+            return (time.monotonic() - start < a.duration or running) and len(
+                tasks
+            ) < a.max_requests
+
+        while more():
             cancel = rng.uniform(0.2, 5.0) if rng.random() < a.cancel_frac else 0.0
             tasks.append(asyncio.create_task(
                 run_one(client, base, payload(rng), a.deadline_s, cancel)))  # fmt: skip

@@ -13,6 +13,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 import requests
 from bucketserve.serving.serve_process import ServeProcess
@@ -135,11 +136,16 @@ def test_burst_over_the_queue_limit_gets_busy_and_the_rest_is_served(svc):
         with lock:
             results.append((r.status_code, time.monotonic() - t0, r.text[:200]))
 
+    sched = psutil.Process(svc.stub_pid("scheduler_0_0"))
+    rss_before = sched.memory_info().rss
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    grew_mb = (sched.memory_info().rss - rss_before) / 2**20
+    print(f"\nscheduler stub RSS grew {grew_mb:.1f} MiB over the burst")
+    assert grew_mb < 64  # the queue is bounded: a burst cannot grow it without limit
     busy = [r for r in results if r[0] == 503]
     ok = [r for r in results if r[0] == 200]
     print(f"\nburst {n}: served {len(ok)}, busy {len(busy)};"
