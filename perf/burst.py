@@ -1,12 +1,14 @@
 """Burst check: N concurrent long `generate` requests against the default server.
 
 Starts the default server (SmolLM2 on CPU, one prefill and one decode instance, policy
-bucketserve) on free ports unless --url is given, fires every burst at once, and prints per
+bucketserve; --prefill / --decode change the instance counts) on free ports unless --url is
+given, fires every burst at once, and prints per
 burst: served / failed (with HTTP status and message), wall time, output tokens, preemptions
 and recomputed tokens (from /metrics, the difference over the burst), and whether every KV
 block came back afterwards. Seeded (each request's `seed` is base seed + index).
 
     nice -n 10 .venv/bin/python perf/burst.py --bursts 24,64 --max-tokens 1800
+    nice -n 10 .venv/bin/python perf/burst.py --bursts 16 --max-tokens 256 --decode 2  # smoke
 """
 
 from __future__ import annotations
@@ -86,12 +88,15 @@ def burst(url: str, metrics_url: str, n: int, args) -> dict:
     return row
 
 
-def start_default_server():
+def start_server(args):
+    """The default server, or with --serve-model / --prefill / --decode changed."""
     from bucketserve.serving.config import ServeConfig
     from bucketserve.serving.launcher import TritonServer
 
     cfg = ServeConfig(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                      run_dir=tempfile.mkdtemp(prefix="burst-"))  # fmt: skip
+                      run_dir=tempfile.mkdtemp(prefix="burst-"), model=args.serve_model,
+                      prefill_devices=["cpu"] * args.prefill,
+                      decode_devices=["cpu"] * args.decode)  # fmt: skip
     server = TritonServer(cfg)
     server.start()
     server.wait_ready()
@@ -107,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=1800)
     p.add_argument("--temperature", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--serve-model", default="smollm2", help="without --url: the model to serve")
+    p.add_argument("--prefill", type=int, default=1, help="without --url: CPU prefill instances")
+    p.add_argument("--decode", type=int, default=1, help="without --url: CPU decode instances")
     args = p.parse_args(argv)
-    server = None if args.url else start_default_server()
+    server = None if args.url else start_server(args)
     url = args.url or server.http_url
     metrics_url = args.metrics_url or server.metrics_url
     try:

@@ -63,10 +63,12 @@ class LLMEngine:
     def _admit(self, waiting: deque[Sequence], running: list[Sequence]) -> list[Sequence]:
         """Pop waiting sequences that fit the token budget, batch cap and free blocks."""
         batch, num_tokens, bm = [], 0, self.block_manager
+        growth = self.memory.growth([(len(s.block_table), s.num_tokens) for s in running])
         while waiting and len(running) + len(batch) < self.config.max_num_seqs:
             seq = waiting[0]
             too_many = batch and num_tokens + seq.num_tokens > self.config.max_num_batched_tokens
-            fits = self.memory.can_admit(seq.num_tokens, bm.num_free_blocks, len(running))
+            free = bm.num_free_blocks - growth
+            fits = self.memory.can_admit(seq.num_tokens, free, len(running))
             if too_many or not fits:
                 break
             if seq.num_completion_tokens:  # a preempted sequence: its KV is recomputed

@@ -74,6 +74,11 @@ class ModelRunner:
         self.stats = StepStats()
         self._graphs = self._decode_graphs() if config.static_decode else None
 
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        """Decode steps replay captured CUDA graphs."""
+        return self._graphs is not None and self._graphs.use_graphs
+
     def _triton_elementwise(self) -> bool:
         """attention='triton' is the whole Triton fast path: the fused element-wise kernels
         too (on CUDA; on CPU only when TRITON_INTERPRET=1 asks for them, as tests do)."""
@@ -102,7 +107,8 @@ class ModelRunner:
         """One line for logs: model, device, dtype and which implementation runs each part."""
         return (f"{self.config.model} on {self.device} {str(self.dtype).removeprefix('torch.')}: "
                 f"attention {self.attention_backend}, linears {self.linear_impl}, "
-                f"norms/rope/SwiGLU {self.elementwise_impl}, "
+                f"norms/rope/SwiGLU {self.elementwise_impl}, decode "
+                f"{'CUDA graphs' if self.uses_cuda_graphs else 'eager'}, "
                 f"{self.num_blocks} KV blocks of {self.block_size} tokens")  # fmt: skip
 
     @property

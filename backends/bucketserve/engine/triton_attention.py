@@ -19,10 +19,10 @@ TARGET_PROGRAMS = 264  # ~2 waves of an H100/H200's 132 SMs
 
 
 # stride_tb is the block-table width: not specialised, so a growing table never recompiles.
-@triton.jit(do_not_specialize=["stride_tb", "blocks_per_split"])
+@triton.jit(do_not_specialize=["stride_tb"])
 def _paged_decode_split_kernel(
     q_ptr, k_ptr, v_ptr, part_acc_ptr, part_ml_ptr, tables_ptr, lens_ptr, scale,
-    stride_qb, stride_qh, stride_cb, stride_ct, stride_ch, stride_tb, blocks_per_split,
+    stride_qb, stride_qh, stride_cb, stride_ct, stride_ch, stride_tb,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
     IEEE: tl.constexpr,
@@ -36,8 +36,12 @@ def _paged_decode_split_kernel(
     q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # fmt: skip
     length = tl.load(lens_ptr + seq)
-    first = split * blocks_per_split
-    last = tl.minimum(first + blocks_per_split, tl.cdiv(length, BLOCK_SIZE))
+    # Each sequence splits its own context (read on the device): balanced at any length,
+    # and nothing host-side depends on the lengths (graph-safe).
+    num_blocks = tl.cdiv(length, BLOCK_SIZE)
+    per_split = tl.cdiv(num_blocks, NUM_SPLITS)
+    first = split * per_split
+    last = tl.minimum(first + per_split, num_blocks)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -125,7 +129,6 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float) 
         max(16, triton.next_power_of_2(head_dim)),
     )
     splits = num_splits(batch, kv_heads, block_tables.shape[1])
-    per_split = -(-block_tables.shape[1] // splits)
     part_acc = torch.empty(batch, kv_heads, splits, block_g, block_d, dtype=torch.float32,
                            device=q.device)  # fmt: skip
     part_ml = torch.empty(batch, kv_heads, splits, block_g, 2, dtype=torch.float32, device=q.device)
@@ -134,7 +137,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float) 
         _paged_decode_split_kernel[(batch, kv_heads, splits)](
             q, k_cache, v_cache, part_acc, part_ml, block_tables, context_lens, scale,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            block_tables.stride(0), per_split,
+            block_tables.stride(0),
             GROUP=group, BLOCK_G=block_g, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
             BLOCK_D=block_d, NUM_SPLITS=splits, IEEE=q.dtype == torch.float32,
         )  # fmt: skip

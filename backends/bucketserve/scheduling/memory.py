@@ -45,7 +45,8 @@ class DecodeMemory:
     * A sequence holds blocks for the tokens whose KV is stored, and grows one block at a time
       as it decodes (no up-front reservation of max_tokens).
     * Admission (a hand-off, or a preempted sequence coming back) needs the blocks of its
-      tokens plus the next token's slot, and leaves the watermark free for running growth.
+      tokens plus the next token's slot, and leaves free the running batch's next-step growth
+      and the watermark.
     * When the running batch cannot grow, the lowest-ranked sequences (the tail of the running
       list: the newest admitted) are preempted and recomputed later, never failed.
     * A request fails for capacity only when prompt + max_tokens can never fit the pool.
@@ -82,6 +83,12 @@ class DecodeMemory:
         need = self.admit_blocks(num_tokens)
         keep = watermark_blocks(self.total_blocks, self.watermark) if num_running else 0
         return need <= free_blocks - keep
+
+    def growth(self, running: list[tuple[int, int]]) -> int:
+        """Blocks the running batch needs for its next step; admission leaves them free so a
+        request it admits is not preempted at once (recompute thrash).
+        `running` holds (blocks held, tokens to store after the step) per sequence."""
+        return sum(max(0, blocks_for(t, self.block_size) - held) for held, t in running)
 
     def preemptions(self, running: list[tuple[int, int]], free_blocks: int) -> int:
         """How many sequences to preempt from the tail so the others can grow this step.

@@ -46,6 +46,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
     p.add_argument("--log-verbose", type=int, default=d.log_verbose)
+    p.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
+    p.add_argument("--max-decode-batch", type=int, default=d.max_decode_batch)
+    p.add_argument("--stream-interval-s", type=float, default=d.stream_interval_s)
     p.add_argument(
         "--scheduler", type=json.loads, default=d.scheduler, metavar="JSON",
         help='SchedulerConfig overrides, e.g. \'{"enable_bucketing": false}\' (ablations)',
@@ -72,6 +75,9 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         cuda_graphs=a.cuda_graphs,
         default_max_tokens=a.default_max_tokens,
         log_verbose=a.log_verbose,
+        max_prefill_tokens=a.max_prefill_tokens,
+        max_decode_batch=a.max_decode_batch,
+        stream_interval_s=a.stream_interval_s,
         scheduler=a.scheduler,
     )
 

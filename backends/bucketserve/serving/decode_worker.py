@@ -139,13 +139,16 @@ class DecodeWorker:
     def admit(self) -> None:
         """Admit waiting requests in order while the memory model lets them in."""
         recompute = []
+        growth = self.memory.growth(
+            [(len(s.seq.block_table), s.seq.num_tokens) for s in self.running]
+        )
         while self.waiting and len(self.running) + len(recompute) < self.max_batch:
             s = self.waiting[0]
             if not self.fits(s):
                 continue
             stored = s.seq.num_tokens if s.recompute else s.handoff.params.num_input_tokens
             busy = len(self.running) + len(recompute)
-            if not self.memory.can_admit(stored, self.blocks.num_free_blocks, busy):
+            if not self.memory.can_admit(stored, self.blocks.num_free_blocks - growth, busy):
                 break
             self.waiting.popleft()
             if s.recompute:

@@ -69,9 +69,11 @@ class DecodeWorker:
     def admit(self, now: float) -> list[Seq]:
         """Move queued sequences in (FIFO) while blocks and seats last; returns the admitted."""
         admitted = []
+        growth = self.memory.growth([(s.blocks, s.context + 1) for s in self.running])
         while self.queue and len(self.running) < self.max_num_seqs:
             seq = self.queue[0]
-            if not self.memory.can_admit(seq.context, self.free_blocks, len(self.running)):
+            free = self.free_blocks - growth
+            if not self.memory.can_admit(seq.context, free, len(self.running)):
                 break
             need = self.memory.admit_blocks(seq.context)
             self.queue.popleft()

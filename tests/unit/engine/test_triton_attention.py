@@ -26,7 +26,7 @@ def test_interpreted_kernel_matches_sdpa():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(result["kernel"]) == 3 and max(result["kernel"]) < 1e-5, result
+    assert len(result["kernel"]) == 4 and max(result["kernel"]) < 1e-5, result
     assert len(result["elementwise"]) == 3, result
     assert max(result["elementwise"].values()) < 1e-5, result
     assert result["runner"]["err"] < 1e-5, result

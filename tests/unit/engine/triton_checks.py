@@ -18,6 +18,7 @@ CASES = [  # lengths, heads, kv heads, head_dim, block size
     ([1, 17, 40], 6, 2, 32, 16),  # partial blocks, groups of 3
     ([5, 64, 3], 9, 3, 64, 16),  # SmolLM2's head layout
     ([33], 4, 4, 24, 32),  # head_dim not a power of two, no GQA
+    ([300, 5], 4, 2, 32, 16),  # 16 context splits: uneven, some empty
 ]
 
 

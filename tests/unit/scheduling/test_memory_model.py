@@ -29,3 +29,8 @@ def test_preemptions_free_the_tail_until_the_rest_can_grow():
     assert mem.preemptions(running, free_blocks=1) == 1  # the tail's 3 blocks cover the others
     assert mem.preemptions(running, free_blocks=0) == 1
     assert mem.preemptions([(3, 12), (2, 8)], free_blocks=0) == 0  # no growth needed
+
+
+def test_growth_is_what_the_running_batch_needs_next_step():
+    mem = DecodeMemory(total_blocks=10, block_size=4)
+    assert mem.growth([(3, 13), (3, 12), (1, 9)]) == 1 + 0 + 2
