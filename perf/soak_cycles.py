@@ -17,6 +17,7 @@ SERVER_ARGS = ("--kv-cache-gb", "0.5", "--max-model-len", "2048", "--drain-timeo
 def kill_part(sp: ServeProcess, part: str) -> dict:
     """SIGKILL one part ("tritonserver" or a stub instance); time not-ready and ready-again."""
     pid = sp.server_pid() if part == "tritonserver" else sp.stub_pid(part)
+    old = [p.pid for p in sp.processes()]  # the server and stubs that must all go away
     os.kill(pid, signal.SIGKILL)
     t_kill = time.monotonic()
     not_ready = None
@@ -25,8 +26,10 @@ def kill_part(sp: ServeProcess, part: str) -> dict:
             not_ready = time.monotonic() - t_kill
         time.sleep(0.05)
     sp.wait_ready(timeout_s=900)
+    back = time.monotonic() - t_kill
+    survivors = [q for q in old if q in {p.pid for p in sp.processes()}]
     return {"part": part, "pid": pid, "t_kill": t_kill, "not_ready_after_s": not_ready,
-            "serving_again_after_s": time.monotonic() - t_kill}  # fmt: skip
+            "serving_again_after_s": back, "old_processes_left": len(survivors)}  # fmt: skip
 
 
 def one_request(sp: ServeProcess) -> bool:
