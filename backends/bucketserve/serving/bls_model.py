@@ -6,17 +6,17 @@ already running; a top-level decoupled model sees it, and forwards it as a stop 
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from bucketserve.serving.contract import SCALAR_INPUTS, GenerateParams
+from bucketserve.serving.contract import INPUT_NAMES, OUTPUT_NAMES, GenerateParams
 from bucketserve.serving.triton_io import bytes_tensor
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-INPUT_NAMES = ("text_input", "stop_words", *SCALAR_INPUTS)
 WATCH_INTERVAL_S = 0.1
 
 
@@ -46,6 +46,8 @@ class BlsModel:
     """One relay thread per request plus a watcher that turns client cancellation into stops."""
 
     def initialize(self, args: dict) -> None:
+        # TensorRT-LLM-shaped entry models (max_batch_size 1) carry a leading batch dimension.
+        self.batched = json.loads(args["model_config"]).get("max_batch_size", 0) > 0
         self.active: dict[str, object] = {}  # request id -> response sender
         self.stopped: set[str] = set()
         self.lock = threading.Lock()
@@ -79,7 +81,7 @@ class BlsModel:
 
     def run(self, request, sender, rid: str) -> None:
         inputs = [
-            t
+            self.unbatch(t)
             for t in (pb_utils.get_input_tensor_by_name(request, n) for n in INPUT_NAMES)
             if t is not None
         ]
@@ -94,19 +96,34 @@ class BlsModel:
         handoff = None
         for resp in call("scheduler", pre.output_tensors(), ["_handoff"]):
             handoff = pb_utils.get_output_tensor_by_name(resp, "_handoff")
-        names = ["text_output", "finish_reason", "num_input_tokens", "num_output_tokens"]
-        for resp in call("decode", [pb_utils.Tensor("_handoff", handoff.as_numpy())], names):
+        for resp in call("decode", [pb_utils.Tensor("_handoff", handoff.as_numpy())], OUTPUT_NAMES):
             reason = (
                 pb_utils.get_output_tensor_by_name(resp, "finish_reason").as_numpy().reshape(-1)[0]
             )
             final = bool(reason)
+            outputs = [self.batch(t) for t in resp.output_tensors()]
             sender.send(
-                pb_utils.InferenceResponse(output_tensors=resp.output_tensors()),
-                flags=FINAL if final else 0,
+                pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if final else 0
             )
             if final:
                 return
         sender.send(flags=FINAL)
+
+    def unbatch(self, t):
+        """[1, ...] -> [...] for the models behind the relay (they take the vLLM shapes)."""
+        if not self.batched:
+            return t
+        arr = t.as_numpy()
+        if arr.shape[0] != 1:
+            raise ValueError(f"{t.name()} has batch size {arr.shape[0]}; supported: 1")
+        return pb_utils.Tensor(t.name(), arr.reshape(arr.shape[1:]))
+
+    def batch(self, t):
+        """[...] -> [1, ...] for a TensorRT-LLM-shaped entry model."""
+        if not self.batched:
+            return t
+        arr = t.as_numpy()
+        return pb_utils.Tensor(t.name(), arr.reshape((1, *arr.shape)))
 
     def watch(self) -> None:
         while not self.closing.wait(WATCH_INTERVAL_S):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import json
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -36,17 +37,32 @@ class Client:
     buffer: str = ""
     first_token_s: float = 0.0
     echoed: bool = False
+    logprobs: list = field(default_factory=list)  # buffered with `buffer` when not streaming
+    cum_logprob: float = 0.0
 
 
-def response(text: str, reason: str, n_in: int, n_out: int):
+def response(text: str, reason: str, n_in: int, n_out: int, logprobs=None, cum=0.0):
+    """One response; the log-prob outputs are empty unless the request asked for them."""
+    logprobs = logprobs or []
     return pb_utils.InferenceResponse(
         output_tensors=[
             bytes_tensor("text_output", text),
             bytes_tensor("finish_reason", reason),
             pb_utils.Tensor("num_input_tokens", np.array([n_in], dtype=np.int32)),
             pb_utils.Tensor("num_output_tokens", np.array([n_out], dtype=np.int32)),
+            *logprob_tensors(logprobs, cum),
         ]
     )
+
+
+def logprob_tensors(logprobs: list[dict], cum: float) -> list:
+    """TensorRT-LLM's output_log_probs / cum_log_probs and the vLLM backend's logprobs JSON."""
+    values = [next(iter(e.values()))["logprob"] for e in logprobs]
+    return [
+        pb_utils.Tensor("output_log_probs", np.asarray(values, dtype=np.float32)),
+        pb_utils.Tensor("cum_log_probs", np.asarray([cum] if logprobs else [], dtype=np.float32)),
+        bytes_tensor("logprobs", json.dumps(logprobs) if logprobs else ""),
+    ]
 
 
 class DecodeModel:
@@ -184,6 +200,8 @@ class DecodeModel:
             text = d.text
             if not client.echoed and p.prompt_text:
                 text, client.echoed = p.prompt_text + text, True
+            client.logprobs += d.logprobs
+            client.cum_logprob += sum(next(iter(e.values()))["logprob"] for e in d.logprobs)
             if not d.finish_reason and not p.stream:
                 client.buffer += text
                 continue
@@ -192,7 +210,12 @@ class DecodeModel:
                 self.complete(d, client, text)
                 finished = True
             else:
-                client.sender.send(response(text, "", p.num_input_tokens, d.num_output_tokens))
+                lps, client.logprobs = client.logprobs, []
+                client.sender.send(
+                    response(
+                        text, "", p.num_input_tokens, d.num_output_tokens, lps, client.cum_logprob
+                    )
+                )
                 if client.sender.is_cancelled():
                     self.worker.cancel(d.key)
         return finished
@@ -209,10 +232,9 @@ class DecodeModel:
                 pb_utils.InferenceResponse(error=pb_utils.TritonError(d.error)), flags=FINAL
             )
         else:
-            client.sender.send(
-                response(text, d.finish_reason, p.num_input_tokens, d.num_output_tokens),
-                flags=FINAL,
-            )
+            n_in, n_out = p.num_input_tokens, d.num_output_tokens
+            lps, cum = client.logprobs, client.cum_logprob
+            client.sender.send(response(text, d.finish_reason, n_in, n_out, lps, cum), flags=FINAL)
         self.observe(d, client)
 
     def observe(self, d: Delta, client: Client) -> None:
@@ -258,4 +280,5 @@ def merge(items: list[Delta]) -> list[Delta]:
         prev.num_output_tokens = d.num_output_tokens
         prev.finish_reason, prev.error = d.finish_reason, d.error
         prev.first_token_s = prev.first_token_s or d.first_token_s
+        prev.logprobs += d.logprobs
     return list(merged.values())

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from bucketserve.kv.handoff import HandoffTable
 from bucketserve.kv.transport import PoolHandle, copy_blocks, open_pool
-from bucketserve.serving.detok import TextStream
-from bucketserve.serving.engine_glue import new_sequence, publish_stats
-from bucketserve.serving.handoff import Handoff, PrefillRow
+from bucketserve.serving.detok import TextStream, logprob_entry
+from bucketserve.serving.engine_glue import logprob_list, new_sequence, publish_stats
+from bucketserve.serving.handoff import Handoff
 
 IDLE_WAIT_S = 0.01
 
@@ -31,6 +31,7 @@ class Delta:
     error: str = ""
     first_token_s: float = 0.0  # wall time of the first token (set on the first delta)
     admitted_s: float = 0.0  # wall time the KV was pulled
+    logprobs: list[dict] = field(default_factory=list)  # per token, when the request asked
 
 
 @dataclass(slots=True)
@@ -43,6 +44,11 @@ class Stream:
     text: TextStream | None = None
     num_output: int = 0
     queued_s: float = field(default_factory=time.monotonic)
+    logprobs: list[dict] = field(default_factory=list)  # not yet sent
+
+    def take_logprobs(self) -> list[dict]:
+        out, self.logprobs = self.logprobs, []
+        return out
 
 
 class DecodeWorker:
@@ -146,7 +152,7 @@ class DecodeWorker:
 
     def pull(self, s: Stream) -> None:
         h = s.handoff
-        s.seq = new_sequence(h.prompt_ids, PrefillRow.of(h.params))
+        s.seq = new_sequence(h.prompt_ids, h.params.sampling)
         self.blocks.allocate_for(s.seq, h.params.num_input_tokens + h.params.max_tokens)
         src = self.pool(h.pool)
         n_src = len(h.block_ids)
@@ -159,7 +165,7 @@ class DecodeWorker:
         s.text = TextStream(self.tokenizer, h.params.stop_words)
         admitted = time.time()
         self.running.append(s)
-        self.emit(s, h.first_token, first_token_s=admitted, admitted_s=admitted)
+        self.emit(s, h.first_token, h.first_logprob, first_token_s=admitted, admitted_s=admitted)
 
     def pool(self, handle_json: str):
         if handle_json not in self.pools:
@@ -176,22 +182,24 @@ class DecodeWorker:
     def step(self) -> None:
         seqs = [s.seq for s in self.running]
         try:
-            tokens = self.runner.decode(seqs)
+            out = self.runner.decode_sampled(seqs)
         except Exception as e:  # fail this batch with a FINAL error each, keep serving
             for s in list(self.running):
                 self.finish(s, "error", error=f"decode step failed: {_describe(e)}")
             return
-        for s, tok in zip(list(self.running), tokens, strict=True):
-            self.emit(s, tok)
+        for s, tok, lp in zip(list(self.running), out.tokens, out.logprobs, strict=True):
+            self.emit(s, tok, logprob_list(lp))
 
     def emit(
-        self, s: Stream, token: int, first_token_s: float = 0.0, admitted_s: float = 0.0
+        self, s: Stream, token: int, logprob=None, first_token_s: float = 0.0, admitted_s=0.0
     ) -> None:
         """Append one sampled token, send its text, and finish the request when it is done."""
         s.seq.append_token(token)
         s.num_output += 1
         p = s.handoff.params
-        if token in self.eos:  # the sampler masks EOS until min_tokens is reached
+        if logprob is not None:
+            s.logprobs.append(logprob_entry(self.tokenizer, token, logprob))
+        if p.sampling.is_stop_token(token, self.eos):  # masked until min_tokens is reached
             return self.finish(s, "stop", first_token_s=first_token_s, admitted_s=admitted_s)
         text, stopped = s.text.push(token)
         if stopped:
@@ -201,7 +209,14 @@ class DecodeWorker:
                 s, "length", text, first_token_s=first_token_s, admitted_s=admitted_s
             )
         self.outbox.put(
-            Delta(s.key, text, s.num_output, first_token_s=first_token_s, admitted_s=admitted_s)
+            Delta(
+                s.key,
+                text,
+                s.num_output,
+                first_token_s=first_token_s,
+                admitted_s=admitted_s,
+                logprobs=s.take_logprobs(),
+            )
         )
 
     def finish(self, s: Stream, reason: str, text: str = "", error: str = "", **times) -> None:
@@ -210,7 +225,11 @@ class DecodeWorker:
         if s.seq is not None:
             self.blocks.release(s.seq)
         tail = s.text.flush() if s.text is not None and reason != "cancelled" else ""
-        self.outbox.put(Delta(s.key, text + tail, s.num_output, reason, error, **times))
+        self.outbox.put(
+            Delta(
+                s.key, text + tail, s.num_output, reason, error, logprobs=s.take_logprobs(), **times
+            )
+        )
 
     def publish(self) -> None:
         publish_stats(self.stats, self.runner, self.blocks, len(self.running), len(self.waiting), 0)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 from string import Template
 
 from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.contract import (
+    INPUT_NAMES,
+    OUTPUT_NAMES,
+    input_declarations,
+    output_declarations,
+)
 
 TEMPLATE_ENV = "BUCKETSERVE_MODEL_REPOSITORY"
 
@@ -35,12 +40,13 @@ def instance_groups(devices: list[str]) -> str:
 
 
 def template_vars(cfg: ServeConfig, templates: Path, run_config: Path) -> dict[str, str]:
-    user_inputs = (templates / "_user_inputs.pbtxt").read_text().rstrip()
-    names = re.findall(r'name: "(\w+)"', user_inputs)
-    input_map = "\n".join(f'      input_map {{ key: "{n}" value: "{n}" }}' for n in names)
+    # One table in serving/contract.py declares the user inputs and outputs of every model.
+    input_map = "\n".join(f'      input_map {{ key: "{n}" value: "{n}" }}' for n in INPUT_NAMES)
+    output_map = "\n".join(f'      output_map {{ key: "{n}" value: "{n}" }}' for n in OUTPUT_NAMES)
     return {
-        "user_inputs": user_inputs,
-        "user_outputs": (templates / "_user_outputs.pbtxt").read_text().rstrip(),
+        "user_inputs": input_declarations(),
+        "user_outputs": output_declarations(),
+        "decode_output_map": output_map,
         "preprocessing_input_map": input_map,
         "preprocessing_instances": str(cfg.preprocessing_instances),
         "prefill_instances": instance_groups(cfg.prefill_devices),

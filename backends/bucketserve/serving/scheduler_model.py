@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -20,7 +19,7 @@ from bucketserve.serving.handoff import (
     KIND_STOP,
     Handoff,
     PrefillReply,
-    PrefillRow,
+    sampling_rows_json,
 )
 from bucketserve.serving.metrics import SchedulerMetrics
 from bucketserve.serving.model_info import model_info
@@ -199,6 +198,7 @@ class SchedulerModel:
                     arrival_s=item.arrival_s,
                     prefill_done_s=done,
                     sched_key=meta.request_id,
+                    first_logprob=res.logprob,
                 ),
             )
 
@@ -206,7 +206,7 @@ class SchedulerModel:
         """One BLS call to `prefill` with the packed batch."""
         ids = np.concatenate([np.asarray(i.ids, dtype=np.int32) for i in items])
         lens = np.asarray([len(i.ids) for i in items], dtype=np.int32)
-        rows = json.dumps([asdict(PrefillRow.of(i.params)) for i in items])
+        rows = sampling_rows_json([i.params for i in items])
         request = pb_utils.InferenceRequest(
             model_name="prefill",
             requested_output_names=["result"],
