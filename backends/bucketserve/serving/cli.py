@@ -40,6 +40,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_openai_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--openai-port", type=int, default=ServeConfig().openai_port,
+        help="OpenAI-compatible API port (/v1/chat/completions ...); 0 disables it",
+    )  # fmt: skip
+
+
 def serve_config(a: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
         model=a.model,
@@ -59,7 +66,12 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         default_max_tokens=a.default_max_tokens,
         log_verbose=a.log_verbose,
         scheduler=a.scheduler,
+        openai_port=getattr(a, "openai_port", ServeConfig().openai_port),
     )
+
+
+def openai_url(cfg: ServeConfig) -> str:
+    return f"http://{cfg.host}:{cfg.openai_port}/v1" if cfg.openai_port else "off (--openai-port 0)"
 
 
 def interrupt(signum, frame) -> None:
@@ -79,6 +91,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
             f"  HTTP     http://{server.http_url}/v2/models/bucketserve/generate_stream\n"
             f"  gRPC     {server.grpc_url}  (models: bucketserve, bucketserve_bls)\n"
             f"  metrics  {server.metrics_url}\n"
+            f"  OpenAI   {openai_url(server.cfg)}\n"
             f"Ctrl-C to stop.",
             flush=True,
         )
@@ -93,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="bucketserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    add_serve_args(sub.add_parser("serve", help="start the Triton server"))
+    serve = sub.add_parser("serve", help="start the Triton server")
+    add_serve_args(serve)
+    add_openai_args(serve)
     sub.add_parser("generate", help="one request to a running server", add_help=False)
     sub.add_parser("chat", help="interactive chat with a running server", add_help=False)
     sub.add_parser(

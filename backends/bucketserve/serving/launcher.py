@@ -7,6 +7,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -40,6 +41,7 @@ class TritonServer:
         self.run_dir = self.cfg.run_path
         self.log_path = self.run_dir / "server.log"
         self.proc: subprocess.Popen | None = None
+        self.openai: subprocess.Popen | None = None  # the OpenAI-compatible front end
 
     @property
     def http_url(self) -> str:
@@ -89,6 +91,7 @@ class TritonServer:
             env=env,
             start_new_session=True,
         )
+        self.openai = start_openai(self.cfg, self.run_dir)
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
         """Poll /v2/health/ready; raise with the log's tail if the server exits or times out."""
@@ -115,6 +118,7 @@ class TritonServer:
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGINT (Triton drains and unloads models), then SIGKILL the group if it hangs."""
+        stop_openai(self.openai)
         if self.proc is None or self.proc.poll() is not None:
             clean_shm(self.cfg.run_id)
             return
@@ -141,6 +145,27 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def start_openai(cfg: ServeConfig, run_dir: Path) -> subprocess.Popen | None:
+    """The OpenAI-compatible front end as its own process (it talks gRPC to Triton)."""
+    if not cfg.openai_port:
+        return None
+    cmd = [sys.executable, "-m", "bucketserve.serving.openai", "--run-config",
+           str(run_dir / "run_config.json"), "--host", cfg.host, "--port", str(cfg.openai_port)]  # fmt: skip
+    log = open(run_dir / "openai.log", "wb")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop_openai(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def clean_shm(run_id: str) -> None:
