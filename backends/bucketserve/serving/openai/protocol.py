@@ -48,6 +48,10 @@ class Common(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # vLLM-style extensions (clients pass them with extra_body)
+    top_k: int | None = Field(None, ge=-1)
+    min_tokens: int | None = Field(None, ge=0)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
 
     def check_common(self) -> None:
         if self.n != 1:
@@ -57,7 +61,9 @@ class Common(BaseModel):
         """The vLLM-backend `sampling_parameters` JSON for this request."""
         out = {"max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                "seed": self.seed, "stop": self.stop, "presence_penalty": self.presence_penalty,
-               "frequency_penalty": self.frequency_penalty, "logprobs": logprobs}  # fmt: skip
+               "frequency_penalty": self.frequency_penalty, "logprobs": logprobs,
+               "top_k": self.top_k, "min_tokens": self.min_tokens,
+               "repetition_penalty": self.repetition_penalty}  # fmt: skip
         return {k: v for k, v in out.items() if v is not None}
 
 
