@@ -177,7 +177,9 @@ def memory_floor(bench, batch: int, args: Args, step_ms: float) -> dict:
     """Decode step time vs reading all weights and the batch's KV once at GPU bandwidth."""
     mc = ours_config(args)
     context = args.prompt_len + args.decode_steps // 2
-    nbytes = mc.num_params * torch.finfo(_dtype(args)).bits // 8
+    # A step reads one embedding row per sequence, not the table (unless lm_head shares it).
+    params = mc.num_params - (0 if mc.tie_word_embeddings else mc.vocab_size * mc.hidden_size)
+    nbytes = params * torch.finfo(_dtype(args)).bits // 8
     nbytes += batch * context * mc.kv_bytes_per_token
     floor_ms = 1e3 * nbytes / GPU_BANDWIDTH
     return dict(floor_ms=round(floor_ms, 3), floor_ratio=round(step_ms / floor_ms, 2))

@@ -3,7 +3,7 @@ tables), correctness and time per call, one JSON line per shape.
 
     PYTHONPATH=backends python perf/gpu_attention_check.py            # Llama-3-8B heads, bf16
     TRITON_INTERPRET=1 PYTHONPATH=backends python perf/gpu_attention_check.py --device cpu \\
-        --dtype float32 --batches 2 --context 40 --iters 1                # dry run on CPU
+        --dtype float32 --shapes 2x40 --iters 1                            # dry run on CPU
 """
 
 from __future__ import annotations
@@ -46,23 +46,24 @@ def timed(fn, iters: int, device: str) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def check(batch: int, args) -> dict:
-    q, k_cache, v_cache, tables = pools(batch, args.context, args.heads, args.kv_heads,
+def check(batch: int, context: int, args) -> dict:
+    q, k_cache, v_cache, tables = pools(batch, context, args.heads, args.kv_heads,
                                         args.head_dim, args.block_size, args)  # fmt: skip
-    lens = [args.context] * batch
+    lens = [context] * batch
     to_tensor = lambda d, t: torch.tensor(d, dtype=t, device=args.device)  # noqa: E731
-    result = dict(batch=batch, context=args.context, dtype=str(args.dtype), device=args.device)
+    result = dict(batch=batch, context=context, dtype=str(args.dtype), device=args.device)
     outs = {}
     for backend in (TritonBackend(), SdpaBackend()):
         meta = AttentionMetadata(is_prefill=False, slot_mapping=torch.zeros(1), seq_lens=lens,
-                                 max_seqlen=args.context)  # fmt: skip
+                                 max_seqlen=context)  # fmt: skip
         backend.prepare_decode(meta, tables, lens, args.block_size, to_tensor)
         call = lambda b=backend, m=meta: b.decode(q, k_cache, v_cache, m, args.head_dim**-0.5)  # noqa: E731
         outs[backend.name] = call().float()
         result[f"{backend.name}_us"] = round(1e6 * timed(call, args.iters, args.device), 1)
     ref = outs["sdpa"]
     result["max_rel_err"] = float((outs["triton"] - ref).abs().max() / ref.abs().max())
-    kv_bytes = 2 * batch * args.context * args.kv_heads * args.head_dim * k_cache.element_size()
+    result["ok"] = result["max_rel_err"] < 2e-2
+    kv_bytes = 2 * batch * context * args.kv_heads * args.head_dim * k_cache.element_size()
     result["triton_kv_gb_per_s"] = round(kv_bytes / result["triton_us"] / 1e3, 1)
     return result
 
@@ -71,8 +72,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--batches", default="1,16,64")
-    p.add_argument("--context", type=int, default=1024)
+    p.add_argument(
+        "--shapes", default="1x1024,16x1024,64x1024", help="batch x context pairs, comma-separated"
+    )
     p.add_argument("--heads", type=int, default=32)  # Llama-3-8B
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
@@ -80,8 +82,30 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=20)
     args = p.parse_args()
     args.dtype = getattr(torch, args.dtype)
-    for batch in (int(b) for b in args.batches.split(",")):
-        print(json.dumps(check(batch, args)), flush=True)
+    for shape in args.shapes.split(","):
+        batch, context = (int(x) for x in shape.split("x"))
+        print(json.dumps(check(batch, context, args)), flush=True)
+    if args.device.startswith("cuda"):
+        print(json.dumps(recompile_check(args)), flush=True)
+
+
+def recompile_check(args) -> dict:
+    """First-call time of the kernel as the block-table width grows: a width that is not
+    specialised on costs no recompile (~1 s each otherwise, stalling the decode loop)."""
+    from bucketserve.engine.triton_attention import paged_decode
+
+    q, k_cache, v_cache, tables = pools(1, 64 * args.block_size, args.heads, args.kv_heads,
+                                        args.head_dim, args.block_size, args)  # fmt: skip
+    times = {}
+    for width in (61, 62, 64, 80, 97):  # %16 and ==1 were the old specialisations
+        table = torch.tensor([tables[0][:1] * width], dtype=torch.int32, device=args.device)
+        lens = torch.tensor([args.block_size], dtype=torch.int32, device=args.device)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        paged_decode(q, k_cache, v_cache, table, lens, 0.1)
+        torch.cuda.synchronize()
+        times[width] = round((time.perf_counter() - start) * 1e3, 2)
+    return {"first_call_ms_by_table_width": times}
 
 
 if __name__ == "__main__":

@@ -46,12 +46,12 @@ def build_prompts(tokenizer) -> list[Prompt]:
     prompts = []
     for i, question in enumerate(CHAT_QUESTIONS):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                            add_generation_prompt=True)  # fmt: skip
+                                            add_generation_prompt=True, return_dict=False)  # fmt: skip
         prompts.append(Prompt(f"chat{i}", tuple(ids), True))
     convo = [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello!"},
              {"role": "user", "content": "Name a planet with rings."}]  # fmt: skip
     prompts.append(Prompt("chat-multi", tuple(tokenizer.apply_chat_template(
-        convo, add_generation_prompt=True)), True))  # fmt: skip
+        convo, add_generation_prompt=True, return_dict=False)), True))  # fmt: skip
     for i, text in enumerate(RAW_TEXTS):
         prompts.append(Prompt(f"raw{i}", tuple(tokenizer(text).input_ids), False))
     for module, length in SOURCE_PROMPTS:

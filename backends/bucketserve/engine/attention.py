@@ -26,6 +26,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32, paged decode kernels
     context_lens: torch.Tensor | None = None  # [B] int32, paged decode (incl. new token)
     decode_groups: list[DecodeGroup] | None = None  # SDPA decode
+    prefill_groups: list | None = None  # SDPA prefill: list[sdpa_prefill.PrefillGroup]
 
 
 @dataclass(slots=True)
@@ -87,6 +88,9 @@ class FlashAttnBackend:
             softmax_scale=scale,
             causal=True,
         )
+
+    def prepare_prefill(self, meta, to_tensor) -> None:
+        """Nothing beyond cu_seqlens (varlen)."""
 
     def prepare_decode(self, meta, tables, context_lens, block_size, to_tensor) -> None:
         """Fill meta with the padded block table and context lengths."""
@@ -152,6 +156,19 @@ def _cpu_paged_problem(device: torch.device, dtype: torch.dtype) -> str | None:
     if not cpu_ops.load():
         return f"needs the C++ CPU kernels, which did not build: {cpu_ops.unavailable_reason()}"
     return None
+
+
+def block_size_for(backend: str, size: int | None) -> int:
+    """Tokens per KV block for a resolved backend (None: its default)."""
+    if backend == "triton" and size is not None and (size < 16 or size & (size - 1)):
+        raise ValueError(f"block_size must be a power of two >= 16 for attention='triton', "
+                         f"got {size}")  # fmt: skip
+    if backend != "flash_attn":
+        return size or 16
+    if size is not None and size % FLASH_BLOCK_MULTIPLE:
+        raise ValueError(f"block_size must be a multiple of {FLASH_BLOCK_MULTIPLE} for "
+                         f"attention='flash_attn', got {size}")  # fmt: skip
+    return size or FLASH_BLOCK_MULTIPLE
 
 
 def make_backend(name: str):

@@ -24,8 +24,10 @@ class EngineConfig:
     attention: str = "auto"  # one of ATTENTION_BACKENDS
     block_size: int | None = None  # tokens per KV block; None: 256 with flash_attn, else 16
     num_blocks: int | None = None  # None: from kv_cache_gb (CPU) / gpu_memory_utilization
-    kv_cache_gb: float = 1.0  # CPU pool size (capped by free /dev/shm)
-    gpu_memory_utilization: float = 0.9  # share of free GPU memory after weights for the pool
+    kv_cache_gb: float | None = None  # pool GiB; None: 1 GiB on CPU (capped by free /dev/shm),
+    # from gpu_memory_utilization on GPU
+    gpu_memory_utilization: float = 0.9  # GPU: share of *total* memory this instance may use
+    # (weights + activations + pool); instances sharing a GPU give shares summing to <= 1
     max_model_len: int | None = None  # None: the model's
     max_num_seqs: int = 256  # LLMEngine: decode batch cap
     max_num_batched_tokens: int = 16384  # LLMEngine: prefill batch token budget
@@ -33,6 +35,8 @@ class EngineConfig:
     num_threads: int | None = None  # CPU: torch threads for this process; None: torch's default
     optimize_weights: bool = True  # fuse projections, oneDNN-pack on CPU; False: HF layout
     pool_name: str | None = None  # shm / IPC name of the KV pool; None: generated
+    cuda_graphs: bool = True  # GPU: replay decode steps as CUDA graphs (paged attention only)
+    static_decode: bool = True  # paged attention: fixed decode buffers, incremental block tables
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_ALIASES:
@@ -50,7 +54,7 @@ class EngineConfig:
         _check_min("max_num_seqs", self.max_num_seqs, 1)
         _check_min("num_threads", self.num_threads, 1)
         _check_min("max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        if not self.kv_cache_gb > 0:
+        if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
             raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(

@@ -4,10 +4,13 @@ rotary embedding + KV store, and SwiGLU through the C++ kernels (engine/csrc/cpu
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bucketserve.engine import cpu_ops
 from bucketserve.engine.model import MLP, Attention, CausalLM, RMSNorm
 
 
@@ -30,6 +33,33 @@ def fuse_projections(model: CausalLM) -> None:
         elif isinstance(module, MLP):
             module.gate_up_proj = _fused_linear([module.gate_proj, module.up_proj])
             del module.gate_proj, module.up_proj
+
+
+log = logging.getLogger(__name__)
+
+
+def optimize(model: CausalLM, device: torch.device, dtype: torch.dtype,
+             triton_elementwise: bool = False) -> tuple[str, str]:  # fmt: skip
+    """Fuse projections; on CPU route element-wise ops to the C++ kernels (float32) and
+    pre-pack linears for oneDNN; with triton_elementwise, to the Triton kernels.
+    Returns (linear_impl, elementwise_impl)."""
+    fuse_projections(model)
+    if triton_elementwise:
+        use_triton_kernels(model)
+        return "torch", "triton"
+    is_cpu = device.type == "cpu"
+    elementwise = "torch"
+    if is_cpu and dtype == torch.float32 and cpu_ops.load():
+        use_cpu_kernels(model)
+        elementwise = "cpp"
+    if not (is_cpu and dtype in (torch.float32, torch.bfloat16) and is_onednn_available()):
+        return "torch", elementwise
+    try:
+        pack_for_onednn(model)
+    except RuntimeError as e:  # e.g. bf16 on a CPU without bf16 GEMMs
+        log.warning("oneDNN weight packing failed (%s); using torch linears", e)
+        return "torch", elementwise
+    return "onednn", elementwise
 
 
 def is_onednn_available() -> bool:
@@ -116,6 +146,52 @@ def use_cpu_kernels(model: CausalLM) -> int:
     swapped = 0
     for module in model.modules():
         fast = CPU_KERNEL_CLASSES.get(type(module))
+        if fast is not None:
+            module.__class__ = fast
+            swapped += 1
+    return swapped
+
+
+class TritonRMSNorm(RMSNorm):
+    """RMSNorm as one Triton kernel for [T, D] inputs (q/k norms keep the torch path)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2:
+            return super().forward(x)
+        from bucketserve.engine import triton_ops
+
+        return triton_ops.rms_norm(x, self.weight, self.eps)
+
+
+class TritonAttention(Attention):
+    """Attention whose rotary embedding and KV store are one in-place Triton kernel."""
+
+    def _rope_and_store(self, q, k, v, cos, sin, k_cache, v_cache, slot_mapping):
+        from bucketserve.engine import triton_ops
+
+        triton_ops.rope_and_store(q, k, v, cos.squeeze(1), sin.squeeze(1), k_cache, v_cache,
+                                  slot_mapping)  # fmt: skip
+        return q, k
+
+
+class TritonMLP(MLP):
+    """SwiGLU whose silu(gate) * up is one Triton kernel."""
+
+    def _act_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        from bucketserve.engine import triton_ops
+
+        return triton_ops.silu_and_mul(gate_up)
+
+
+TRITON_KERNEL_CLASSES = {RMSNorm: TritonRMSNorm, Attention: TritonAttention, MLP: TritonMLP}
+
+
+def use_triton_kernels(model: CausalLM) -> int:
+    """Switch RMSNorm, Attention and MLP modules to their Triton-kernel subclasses (GPU, or
+    CPU under TRITON_INTERPRET=1); returns how many."""
+    swapped = 0
+    for module in model.modules():
+        fast = TRITON_KERNEL_CLASSES.get(type(module))
         if fast is not None:
             module.__class__ = fast
             swapped += 1

@@ -9,6 +9,7 @@ from bucketserve.engine.config import EngineConfig
 from bucketserve.engine.runner import ModelRunner
 from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.engine.sequence import Sequence, SequenceStatus, check_stop, finish
+from bucketserve.scheduling.memory import DecodeMemory
 
 
 class LLMEngine:
@@ -18,6 +19,9 @@ class LLMEngine:
         self.config = config
         self.runner = runner or ModelRunner(config)
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size)
+        self.memory = DecodeMemory(self.runner.num_blocks, self.runner.block_size)
+        self.num_preemptions = 0
+        self.num_recomputed_tokens = 0
         self.max_model_len = self.runner.model_config.max_model_len
         self.eos_token_ids = self.runner.model_config.eos_token_ids
 
@@ -59,11 +63,16 @@ class LLMEngine:
     def _admit(self, waiting: deque[Sequence], running: list[Sequence]) -> list[Sequence]:
         """Pop waiting sequences that fit the token budget, batch cap and free blocks."""
         batch, num_tokens, bm = [], 0, self.block_manager
+        growth = self.memory.growth([(len(s.block_table), s.num_tokens) for s in running])
         while waiting and len(running) + len(batch) < self.config.max_num_seqs:
             seq = waiting[0]
             too_many = batch and num_tokens + seq.num_tokens > self.config.max_num_batched_tokens
-            if too_many or not bm.can_allocate(bm.blocks_needed(seq.num_tokens)):
+            free = bm.num_free_blocks - growth
+            fits = self.memory.can_admit(seq.num_tokens, free, len(running))
+            if too_many or not fits:
                 break
+            if seq.num_completion_tokens:  # a preempted sequence: its KV is recomputed
+                self.num_recomputed_tokens += seq.num_tokens
             bm.allocate_for(seq)
             seq.status = SequenceStatus.RUNNING
             batch.append(waiting.popleft())
@@ -72,9 +81,8 @@ class LLMEngine:
 
     def _decode_step(self, waiting: deque[Sequence], running: list[Sequence]) -> None:
         bm = self.block_manager
-        while running and not bm.can_allocate(
-            sum(bm.blocks_to_grow(s, s.num_tokens) for s in running)
-        ):
+        plan = [(len(s.block_table), s.num_tokens) for s in running]
+        for _ in range(self.memory.preemptions(plan, bm.num_free_blocks)):
             self._preempt(running.pop(), waiting)  # newest first: recompute it later
         for seq in running:
             bm.ensure_slot(seq)
@@ -83,6 +91,7 @@ class LLMEngine:
         self._step(batch, self.runner.decode(batch), running)
 
     def _preempt(self, seq: Sequence, waiting: deque[Sequence]) -> None:
+        self.num_preemptions += 1
         self.block_manager.release(seq)
         seq.status = SequenceStatus.WAITING
         waiting.appendleft(seq)

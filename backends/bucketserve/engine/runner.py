@@ -9,20 +9,18 @@ import time
 
 import torch
 
-from bucketserve.engine import cpu_ops, loader
+from bucketserve.engine import loader
 from bucketserve.engine.attention import (
-    FLASH_BLOCK_MULTIPLE,
     AttentionMetadata,
+    block_size_for,
     make_backend,
     resolve_backend_name,
 )
 from bucketserve.engine.config import EngineConfig, resolve_device, resolve_dtype
-from bucketserve.engine.fusion import (
-    fuse_projections,
-    is_onednn_available,
-    pack_for_onednn,
-    use_cpu_kernels,
-)
+from bucketserve.engine.cuda_graphs import DecodeGraphs
+from bucketserve.engine.decode_inputs import StaticDecodeInputs
+from bucketserve.engine.device import bind_thread, device_context
+from bucketserve.engine.fusion import optimize
 from bucketserve.engine.kv_pool import allocate_kv_pool, auto_num_blocks
 from bucketserve.engine.sampler import SampleOutput, Sampler, SampleRow
 from bucketserve.engine.sequence import Sequence
@@ -31,6 +29,8 @@ from bucketserve.engine.step_stats import StepStats
 
 log = logging.getLogger(__name__)
 
+PAGED_BACKENDS = ("flash_attn", "triton", "cpu_paged")  # decode reads [B, max_blocks] tables
+
 
 class ModelRunner:
     """One model instance on one device with one paged KV pool."""
@@ -38,6 +38,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)
+        bind_thread(self.device)  # Triton launches and graph capture use the current device
         if config.num_threads and self.device.type == "cpu":
             # Process-wide, on purpose: instances sharing a CPU must not oversubscribe it
             # (OpenMP threads spin-wait; two 2-thread processes on 2 cores run ~5x slower).
@@ -47,7 +48,7 @@ class ModelRunner:
         self._model_dir = None if is_dummy else loader.resolve_model(config.model)
         self.model_config = self._load_model_config()
         self.attention_backend = resolve_backend_name(config.attention, self.device, self.dtype)
-        self.block_size = self._block_size()
+        self.block_size = block_size_for(self.attention_backend, config.block_size)
         self._backend = make_backend(self.attention_backend)
         self.model = loader.build_model(
             self.model_config, self._model_dir, self.device,
@@ -56,23 +57,58 @@ class ModelRunner:
         # What runs the linears ("onednn" / "torch") and the norms, rope and SwiGLU ("cpp" /
         # "torch"): the eager HF layout unless optimize_weights.
         self.linear_impl, self.elementwise_impl = (
-            self._optimize() if config.optimize_weights else ("torch", "torch")
+            optimize(self.model, self.device, self.dtype, self._triton_elementwise())
+            if config.optimize_weights
+            else ("torch", "torch")
         )
         self.num_blocks = config.num_blocks or auto_num_blocks(
-            config, self.device, self.block_size, self.model_config
+            config, self.device, self.block_size, self.model_config, self.attention_backend
         )
         name = config.pool_name or f"bs_engine_{os.getpid()}_{id(self) & 0xFFFF:x}_kv"
+        # One block past num_blocks is scratch: padded rows of a captured decode step write
+        # and read it; the BlockManager never hands it out.
         self.pool, self.pool_handle = allocate_kv_pool(
-            self.model_config, self.num_blocks, self.block_size, self.dtype, self.device, name
-        )  # pool: [L, 2, num_blocks, block_size, KVH, hd]
+            self.model_config, self.num_blocks + 1, self.block_size, self.dtype, self.device, name
+        )  # pool: [L, 2, num_blocks + 1, block_size, KVH, hd]
         self.sampler = Sampler(self.device, config.seed)
         self.stats = StepStats()
+        self._graphs = self._decode_graphs() if config.static_decode else None
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        """Decode steps replay captured CUDA graphs."""
+        return self._graphs is not None and self._graphs.use_graphs
+
+    def _triton_elementwise(self) -> bool:
+        """attention='triton' is the whole Triton fast path: the fused element-wise kernels
+        too (on CUDA; on CPU only when TRITON_INTERPRET=1 asks for them, as tests do)."""
+        return self.attention_backend == "triton" and (
+            self.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        )
+
+    def _decode_graphs(self) -> DecodeGraphs | None:
+        """The static decode step, for attention backends that read block tables (SDPA plans
+        its gathers per step, so it stays dynamic)."""
+        if self.attention_backend not in PAGED_BACKENDS:
+            return None
+        max_blocks = -(-self.model_config.max_model_len // self.block_size)
+        inputs = StaticDecodeInputs(self.config.max_num_seqs, max_blocks, self.block_size,
+                                    self.num_blocks, self.device, self._tensor)  # fmt: skip
+        use_graphs = self.device.type == "cuda" and self.config.cuda_graphs
+        return DecodeGraphs(self._static_forward, inputs, use_graphs, pad=False)
+
+    def _static_forward(self, padded: int) -> torch.Tensor:
+        ids, pos = self._graphs.inputs.ids_positions(padded)
+        meta = self._graphs.inputs.metadata(padded)
+        hidden = self.model(ids, pos, meta, self.pool, self._backend)
+        return self.model.compute_logits(hidden)
 
     def describe(self) -> str:
         """One line for logs: model, device, dtype and which implementation runs each part."""
         return (f"{self.config.model} on {self.device} {str(self.dtype).removeprefix('torch.')}: "
                 f"attention {self.attention_backend}, linears {self.linear_impl}, "
-                f"norms/rope/SwiGLU {self.elementwise_impl}, "
+                f"norms/rope/SwiGLU {self.elementwise_impl}, decode "
+                f"{'CUDA graphs' if self.uses_cuda_graphs else 'eager'}, "
                 f"{self.num_blocks} KV blocks of {self.block_size} tokens")  # fmt: skip
 
     @property
@@ -85,40 +121,6 @@ class ModelRunner:
         mc = loader.model_config_for(self.config.model, dtype=dtype_name)
         max_len = min(self.config.max_model_len or mc.max_model_len, mc.max_model_len)
         return dataclasses.replace(mc, max_model_len=max_len)
-
-    def _block_size(self) -> int:
-        size = self.config.block_size
-        if (
-            self.attention_backend == "triton"
-            and size is not None
-            and (size < 16 or size & (size - 1))
-        ):
-            raise ValueError(f"block_size must be a power of two >= 16 for attention='triton', "
-                             f"got {size}")  # fmt: skip
-        if self.attention_backend != "flash_attn":
-            return size or 16
-        if size is not None and size % FLASH_BLOCK_MULTIPLE:
-            raise ValueError(f"block_size must be a multiple of {FLASH_BLOCK_MULTIPLE} for "
-                             f"attention='flash_attn', got {size}")  # fmt: skip
-        return size or FLASH_BLOCK_MULTIPLE
-
-    def _optimize(self) -> tuple[str, str]:
-        """Fuse projections; on CPU route element-wise ops to the C++ kernels (float32) and
-        pre-pack linears for oneDNN. Returns (linear_impl, elementwise_impl)."""
-        fuse_projections(self.model)
-        is_cpu = self.device.type == "cpu"
-        elementwise = "torch"
-        if is_cpu and self.dtype == torch.float32 and cpu_ops.load():
-            use_cpu_kernels(self.model)
-            elementwise = "cpp"
-        if not (is_cpu and self.dtype in (torch.float32, torch.bfloat16) and is_onednn_available()):
-            return "torch", elementwise
-        try:
-            pack_for_onednn(self.model)
-        except RuntimeError as e:  # e.g. bf16 on a CPU without bf16 GEMMs
-            log.warning("oneDNN weight packing failed (%s); using torch linears", e)
-            return "torch", elementwise
-        return "onednn", elementwise
 
     # ---- public steps -------------------------------------------------------------------
 
@@ -136,7 +138,11 @@ class ModelRunner:
         if not seqs:
             return SampleOutput([], [])
         start = time.perf_counter()
-        out = self.sampler(self._prefill_logits(seqs), self._sample_rows(seqs))
+        with device_context(self.device):
+            out = self.sampler(self._prefill_logits(seqs), self._sample_rows(seqs))
+            # The KV written here is published to decode right after: make "written" explicit
+            # rather than rely on the sampler happening to sync.
+            self._sync()
         num_tokens = sum(s.num_tokens for s in seqs)
         self.stats.record(True, len(seqs), num_tokens, time.perf_counter() - start)
         return out
@@ -147,19 +153,22 @@ class ModelRunner:
         if not seqs:
             return SampleOutput([], [])
         start = time.perf_counter()
-        out = self.sampler(self._decode_logits(seqs), self._sample_rows(seqs))
+        with device_context(self.device):
+            out = self.sampler(self._decode_logits(seqs), self._sample_rows(seqs))
         self.stats.record(False, len(seqs), len(seqs), time.perf_counter() - start)
         return out
 
     @torch.inference_mode()
     def prefill_logits(self, seqs: list[Sequence]) -> torch.Tensor:
         """Like prefill, but returns the last-position logits [B, V] (float32)."""
-        return self._prefill_logits(seqs)
+        with device_context(self.device):
+            return self._prefill_logits(seqs)
 
     @torch.inference_mode()
     def decode_logits(self, seqs: list[Sequence]) -> torch.Tensor:
         """Like decode, but returns the logits [B, V] (float32)."""
-        return self._decode_logits(seqs)
+        with device_context(self.device):
+            return self._decode_logits(seqs)
 
     def close(self) -> None:
         """Release the KV pool's shared memory / IPC export."""
@@ -186,10 +195,15 @@ class ModelRunner:
             seq_lens=seq_lens, max_seqlen=max(seq_lens),
             cu_seqlens=self._tensor(cu_seqlens, torch.int32),
         )  # fmt: skip
+        self._backend.prepare_prefill(meta, self._tensor)
         hidden = self._forward(input_ids, positions, meta)  # [T, D]
         return self.model.compute_logits(hidden[self._tensor(last_indices, torch.int64)])
 
     def _decode_logits(self, seqs: list[Sequence]) -> torch.Tensor:
+        if self._graphs is not None and self._graphs.can_run(len(seqs)):
+            for seq in seqs:
+                self._check_blocks(seq)
+            return self._graphs.run(seqs)
         bs = self.block_size
         input_ids, positions, slot_mapping, context_lens = [], [], [], []
         for seq in seqs:
@@ -211,6 +225,10 @@ class ModelRunner:
         ids = self._tensor(input_ids, torch.int64)
         pos = self._tensor(positions, torch.int64)
         return self.model(ids, pos, meta, self.pool, self._backend)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     def _check_blocks(self, seq: Sequence) -> int:
         n = seq.num_tokens

@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from bucketserve.engine.attention import AttentionMetadata, DecodeGroup, padded_tables
+from bucketserve.engine.sdpa_prefill import padded_prefill, plan_prefill_groups
 
 GROUP_GROWTH = 2  # a new length group starts where a context needs > 2x the group's blocks
 MIN_SAVING = 0.75  # split only when gathering drops below 75% of the padded batch's
-PREFILL_CHUNK = 128  # CPU prefill: query rows per causal SDPA call
 
 
 def plan_decode_groups(context_lens: list[int], block_size: int) -> list[list[int]]:
@@ -30,7 +30,7 @@ def plan_decode_groups(context_lens: list[int], block_size: int) -> list[list[in
 
 
 class SdpaBackend:
-    """Causal SDPA per sequence for prefill; gathered blocks + masked SDPA for decode."""
+    """Padded 4-D causal SDPA for prefill; gathered blocks + masked SDPA for decode."""
 
     name = "sdpa"
 
@@ -38,35 +38,18 @@ class SdpaBackend:
         self._workspace: torch.Tensor | None = None  # reused gather buffer (no page faults)
         self._tril: torch.Tensor | None = None  # [N, N] bool causal mask (CPU prefill)
 
+    def prepare_prefill(self, meta: AttentionMetadata, to_tensor) -> None:
+        """Fill meta.prefill_groups: the padded 4-D batches this step's prompts form."""
+        meta.prefill_groups = plan_prefill_groups(meta.seq_lens, to_tensor)
+
     def prefill(self, q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, KVH, D] packed -> [T, H, D]."""
-        outs, start = [], 0
-        for n in meta.seq_lens:
-            qi = q[start : start + n].transpose(0, 1)  # [H, n, D]
-            ki = k[start : start + n].transpose(0, 1)  # [KVH, n, D]
-            vi = v[start : start + n].transpose(0, 1)
-            outs.append(self._causal(qi, ki, vi, scale).transpose(0, 1))
-            start += n
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-
-    def _causal(self, q, k, v, scale: float) -> torch.Tensor:
-        """Causal attention of one sequence: q [H, n, D], k, v [KVH, n, D] -> [H, n, D]."""
-        n = q.shape[1]
-        if q.device.type != "cpu" or n <= PREFILL_CHUNK:
-            return F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scale, enable_gqa=True
+        groups = meta.prefill_groups
+        if groups is None:  # a caller that skipped prepare_prefill
+            groups = plan_prefill_groups(
+                meta.seq_lens, lambda d, t: torch.tensor(d, dtype=t, device=q.device)
             )
-        # Measured on CPU: is_causal=True over long prompts is ~3x slower than query chunks
-        # with explicit masks, which also skip the keys after each chunk.
-        mask = self._causal_mask(n)
-        outs = []
-        for s in range(0, n, PREFILL_CHUNK):
-            e = min(n, s + PREFILL_CHUNK)
-            outs.append(F.scaled_dot_product_attention(
-                q[:, s:e], k[:, :e], v[:, :e], attn_mask=mask[s:e, :e], scale=scale,
-                enable_gqa=True,
-            ))  # fmt: skip
-        return torch.cat(outs, dim=1)
+        return padded_prefill(q, k, v, groups, scale, self._causal_mask)
 
     def _causal_mask(self, n: int) -> torch.Tensor:
         if self._tril is None or self._tril.shape[0] < n:

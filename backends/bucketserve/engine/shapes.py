@@ -86,6 +86,21 @@ def _max_model_len(hf: dict) -> int:
     return max_len
 
 
+def _rope_theta(hf: dict) -> float:
+    # transformers 5 writes only `rope_parameters` (theta and scaling in one dict); 4.x writes
+    # top-level rope_theta / rope_scaling. Reading only the 4.x keys silently gives theta=10000.
+    params = hf.get("rope_parameters") or {}
+    return float(hf.get("rope_theta") or params.get("rope_theta") or 10000.0)
+
+
+def _rope_scaling(hf: dict) -> dict | None:
+    if hf.get("rope_scaling"):
+        return hf["rope_scaling"]
+    params = {k: v for k, v in (hf.get("rope_parameters") or {}).items() if k != "rope_theta"}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    return params if rope_type != "default" else None
+
+
 def model_config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
     """Build a ModelConfig from a config.json dict."""
     model_type = hf.get("model_type", "llama")
@@ -102,8 +117,8 @@ def model_config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
         max_model_len=_max_model_len(hf),
         eos_token_ids=_eos_ids(hf.get("eos_token_id")),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-        rope_theta=float(hf.get("rope_theta", 10000.0)),
-        rope_scaling=hf.get("rope_scaling"),
+        rope_theta=_rope_theta(hf),
+        rope_scaling=_rope_scaling(hf),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
         qk_norm=model_type == "qwen3",

@@ -102,7 +102,9 @@ def allocate_pool(
 
 
 def open_pool(handle: PoolHandle, device: torch.device | str | None = None) -> torch.Tensor:
-    """Open a peer's pool zero-copy (once per process); device rewrites the CUDA index locally."""
+    """Open a peer's pool zero-copy (once per process), on the exporter's GPU: a consumer on
+    another GPU then copies across with copy_blocks (no reliance on lazy peer access). `device`
+    only renames that GPU where this process numbers GPUs differently (CUDA_VISIBLE_DEVICES)."""
     with _POOLS_LOCK:
         entry = _POOLS.get((handle.name, handle.uid))
         if entry is not None:
@@ -130,6 +132,27 @@ def release_pool(handle: PoolHandle) -> None:
         entry.owner_shm.unlink()
 
 
+COPY_CHUNK_BYTES = 64 * 2**20  # largest temporary a copy makes (a 128k-token prompt is 16 GiB)
+
+
+@dataclass(slots=True)
+class KvCopy:
+    """A block copy in flight. On GPU it runs on a side stream, so the decode loop can keep
+    stepping and ack the hand-off once done() says the blocks have landed; on CPU it is done
+    when start_copy returns."""
+
+    event: object | None = None  # torch.cuda.Event recorded after the last copy
+
+    def done(self) -> bool:
+        """The copy has landed (never blocks)."""
+        return self.event is None or self.event.query()
+
+    def wait(self) -> None:
+        """Block this thread until the copy has landed."""
+        if self.event is not None:
+            self.event.synchronize()
+
+
 def copy_blocks(
     src_pool: torch.Tensor,
     src_ids: Sequence[int] | torch.Tensor,
@@ -137,10 +160,65 @@ def copy_blocks(
     dst_ids: Sequence[int] | torch.Tensor,
     *,
     wait: bool = True,
-) -> None:
-    """dst[:, :, dst_ids] = src[:, :, src_ids]: one gather, one (cross-device) copy, one scatter."""
+) -> KvCopy:
+    """dst[:, :, dst_ids] = src[:, :, src_ids]. With wait (the default) return once the copy has
+    landed: the hand-off ack lets the producer reuse the source blocks. wait=False returns the
+    KvCopy in flight (see start_copy)."""
+    copy = start_copy(src_pool, src_ids, dst_pool, dst_ids)
+    if wait:
+        copy.wait()
+    return copy
+
+
+def start_copy(src_pool, src_ids, dst_pool, dst_ids) -> KvCopy:
+    """Start dst[:, :, dst_ids] = src[:, :, src_ids], per layer and per chunk of blocks (no
+    temporary beyond COPY_CHUNK_BYTES); on GPU on a side stream of the destination device.
+    Ack the hand-off only once the returned KvCopy is done()."""
     src_idx = _block_index(src_ids, src_pool, "src_ids")
     dst_idx = _block_index(dst_ids, dst_pool, "dst_ids")
+    _check_copy(src_pool, src_idx, dst_pool, dst_idx)
+    if src_idx.numel() == 0:
+        return KvCopy()
+    if dst_pool.device.type != "cuda" and src_pool.device.type != "cuda":
+        _copy_chunks(src_pool, src_idx, dst_pool, dst_idx)
+        return KvCopy()
+    stream = _side_stream(dst_pool.device if dst_pool.is_cuda else src_pool.device)
+    stream.wait_stream(torch.cuda.current_stream(stream.device))  # after this thread's writes
+    with torch.cuda.stream(stream):
+        _copy_chunks(src_pool, src_idx, dst_pool, dst_idx)
+        event = torch.cuda.Event()
+        event.record(stream)
+    return KvCopy(event)
+
+
+def _copy_chunks(src_pool, src_idx, dst_pool, dst_idx) -> None:
+    per_block = src_pool[0, :, 0].numel() * src_pool.element_size()  # one layer, K and V
+    chunk = max(1, COPY_CHUNK_BYTES // per_block)
+    src_idx = src_idx.to(src_pool.device, non_blocking=True)
+    dst_idx = dst_idx.to(dst_pool.device, non_blocking=True)
+    for layer in range(src_pool.shape[0]):
+        for start in range(0, src_idx.numel(), chunk):
+            part = _gather(src_pool[layer], src_idx[start : start + chunk])  # [2, c, ...]
+            part = part.to(dst_pool.device, non_blocking=True)
+            dst_pool[layer].index_copy_(1, dst_idx[start : start + chunk], part)
+
+
+def _gather(layer_pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """layer_pool [2, num_blocks, ...] -> [2, len(idx), ...] (the copy's only temporary)."""
+    return layer_pool.index_select(1, idx)
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device):
+    with _POOLS_LOCK:
+        if device not in _SIDE_STREAMS:
+            _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+        return _SIDE_STREAMS[device]
+
+
+def _check_copy(src_pool, src_idx, dst_pool, dst_idx) -> None:
     if src_idx.numel() != dst_idx.numel():
         raise ValueError(
             f"len(src_ids)={src_idx.numel()} must equal len(dst_ids)={dst_idx.numel()}"
@@ -154,18 +232,6 @@ def copy_blocks(
             f"pool layouts differ outside dim {BLOCK_DIM}: src {tuple(src_pool.shape)} "
             f"{src_pool.dtype}, dst {tuple(dst_pool.shape)} {dst_pool.dtype}"
         )
-    if src_idx.numel() == 0:
-        return
-    gathered = src_pool.index_select(BLOCK_DIM, src_idx.to(src_pool.device, non_blocking=True))
-    gathered = gathered.to(dst_pool.device, non_blocking=True)
-    dst_pool.index_copy_(BLOCK_DIM, dst_idx.to(dst_pool.device, non_blocking=True), gathered)
-    # On GPU the steps above are only enqueued. The hand-off ack tells the producer it may reuse
-    # the source blocks, so by default return only once the copy has landed; wait=False is for a
-    # caller that synchronises itself before acking.
-    if wait:
-        for dev in {src_pool.device, dst_pool.device}:
-            if dev.type == "cuda":
-                torch.cuda.current_stream(dev).synchronize()
 
 
 def _block_index(ids: Sequence[int] | torch.Tensor, pool: torch.Tensor, field: str) -> torch.Tensor:

@@ -25,6 +25,7 @@ from bucketserve.scheduling.memory import (
     reserve_tokens,
 )
 from bucketserve.scheduling.monitor import Ema, GlobalMonitor, MonitorSnapshot
+from bucketserve.scheduling.placement import DecodeCandidate, DecodePlacer, request_load
 from bucketserve.scheduling.request import RequestMeta
 
 Ordered = tuple[Iterable[RequestMeta], tuple[int, int]]
@@ -44,6 +45,7 @@ class BaseScheduler:
         self.buckets = BucketManager(config.max_model_len)
         self.ledger = DecodeLedger()
         self.monitor = GlobalMonitor()
+        self.placer = DecodePlacer(config.decode_balance)
         self.reserve_mode = config.output_reserve or self.default_reserve
         self.output_mean = Ema(0.05)
         self.output_mean.add(config.expected_output_tokens)
@@ -141,25 +143,36 @@ class BaseScheduler:
         return self._commit(chosen, bounds, prefill, decode, now)
 
     def _target(self, view: ClusterView, now: float) -> Target | None:
-        """The emptiest ready prefill instance and the decode instance with most headroom."""
+        """The emptiest ready prefill instance and the decode instance the placer picks."""
         decode_by_id = {d.instance_id: d for d in view.decode}
         for p in sorted(view.prefill, key=lambda s: (-s.free_blocks, s.instance_id)):
             colocated = decode_by_id.get(p.instance_id)
             candidates = [colocated] if colocated else view.decode
-            best = None
-            for d in candidates:
-                self._expire_ledger(d, now)
-                room = decode_headroom(d, self.ledger, self.config.watermark)
-                if room > 0 and self._may_dispatch(d, now) and (best is None or room > best[0]):
-                    best = (room, d)
-            if best is not None:
-                room, d = best
+            d, room = self._place(candidates, now)
+            if d is not None:
                 seqs = self.config.max_num_seqs - max(
                     d.running + d.pending_handoffs, self.ledger.count(d.instance_id)
                 )
                 prefill_room = room if colocated else p.free_blocks
-                return p, d, Budget(prefill_room, room, seqs, d.block_size)
+                tokens = self.config.max_prefill_tokens
+                return p, d, Budget(prefill_room, room, seqs, d.block_size, tokens)
         return None
+
+    def _place(self, decode: list[InstanceStats], now: float) -> tuple[InstanceStats | None, int]:
+        """The decode instance for the next batch (by config.decode_balance) and its headroom."""
+        by_id, options = {}, []
+        for d in decode:
+            self._expire_ledger(d, now)
+            if not self._may_dispatch(d, now):
+                continue
+            room = decode_headroom(d, self.ledger, self.config.watermark)
+            count = max(d.running + d.pending_handoffs, self.ledger.count(d.instance_id))
+            by_id[d.instance_id] = (d, room)
+            options.append(
+                DecodeCandidate(d.instance_id, room, count, self.ledger.load(d.instance_id))
+            )
+        chosen = self.placer.choose(options)
+        return by_id[chosen.instance_id] if chosen else (None, 0)
 
     def _expire_ledger(self, d: InstanceStats, now: float) -> None:
         """Fallback for callers that never report finishes: an idle decode owes nothing."""
@@ -185,7 +198,9 @@ class BaseScheduler:
     def _claim(self, meta: RequestMeta, budget: Budget) -> bool:
         """Take one request's prompt blocks (prefill) and reserved blocks (decode) if they fit."""
         prompt = blocks_for(meta.prompt_len, budget.block_size)
-        return budget.try_take(prompt, self._decode_blocks(meta, budget.block_size))
+        return budget.try_take(
+            prompt, self._decode_blocks(meta, budget.block_size), meta.prompt_len
+        )
 
     def _commit(
         self,
@@ -198,6 +213,8 @@ class BaseScheduler:
         batch = PrefillBatch(self._next_id, chosen, bounds, p.instance_id, d.instance_id, now)
         self._next_id += 1
         self._open[batch.batch_id] = d.instance_id
+        self.placer.placed(d.instance_id)
+        expected = self.output_mean.value or 1.0
         for meta in chosen:
             self.buckets.remove(meta.request_id)
             res = Reservation(
@@ -206,6 +223,7 @@ class BaseScheduler:
                 blocks_for(meta.prompt_len, d.block_size),
                 self._decode_blocks(meta, d.block_size),
                 batch.batch_id,
+                request_load(meta.prompt_len, min(meta.max_tokens, expected)),
             )
             self.ledger.reserve(res)
         return batch

@@ -130,16 +130,70 @@ class BucketManager:
             self.set_cuts([])
 
 
+class TaskTypeBuckets:
+    """One BucketManager per task type: the seed groups a request "into a bucket based on its
+    sequence length and task type", so types never share a bucket and Algorithm 1 splits and
+    merges each type's buckets on its own. Same interface as BucketManager (less the cuts)."""
+
+    def __init__(self, max_len: int) -> None:
+        self.max_len = max_len
+        self.groups: dict[str, BucketManager] = {}
+        self._where: dict[str, BucketManager] = {}
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        return [b for g in self.groups.values() for b in g.buckets]
+
+    @property
+    def total(self) -> int:
+        return len(self._where)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(g.total_tokens for g in self.groups.values())
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._where
+
+    def add(self, meta: RequestMeta) -> Bucket:
+        group = self.groups.setdefault(meta.task_type, BucketManager(self.max_len))
+        self._where[meta.request_id] = group
+        return group.add(meta)
+
+    def remove(self, request_id: str) -> RequestMeta | None:
+        group = self._where.pop(request_id, None)
+        return group.remove(request_id) if group is not None else None
+
+    def mean_len(self) -> float:
+        return self.total_tokens / self.total if self.total else 0.0
+
+    def all_requests(self) -> Iterator[RequestMeta]:
+        metas = [m for g in self.groups.values() for m in g.all_requests()]
+        return iter(sorted(metas, key=lambda m: m.arrival_s))
+
+    def boundaries(self) -> list[tuple[int, int]]:
+        return [(b.low, b.high) for b in self.buckets]
+
+    def queue_lengths(self) -> list[int]:
+        return [len(b) for b in self.buckets]
+
+
 def rebalance(
-    manager: BucketManager, n_max: int, threshold: float = 0.5, cap: int | None = None
+    manager: BucketManager | TaskTypeBuckets,
+    n_max: int,
+    threshold: float = 0.5,
+    cap: int | None = None,
 ) -> str:
     """Algorithm 1's load-driven step; returns "merge", "split" or "none".
 
     Merge everything when fewer than N_max requests wait. When more than N_max wait, split
     (repeatedly, as the children are checked again) every bucket holding more than N_max
     requests of which more than `threshold` lie below its midpoint. `cap` (not in the paper)
-    stops splitting at that many buckets.
+    stops splitting at that many buckets. Per task type when the manager groups by type.
     """
+    if isinstance(manager, TaskTypeBuckets):
+        actions = {rebalance(g, n_max, threshold, cap) for g in manager.groups.values()}
+        return next((a for a in ("split", "merge") if a in actions), "none")
     if manager.total < n_max:
         if len(manager.buckets) > 1:
             manager.merge_all()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from bucketserve.scheduling.placement import DECODE_BALANCES
+
 RESERVE_MODES = ("none", "expected", "max")
+ADMISSIONS = ("headroom", "prefill")
 OFFLINE_ORDERS = ("sjf", "ljf")
 
 
@@ -31,6 +34,10 @@ class SchedulerConfig:
     output_reserve: str | None = None
     expected_output_tokens: int = 128
     max_num_seqs: int = 256
+    # every policy: prefill tokens per batch (None: no cap; one longer prompt still runs alone)
+    max_prefill_tokens: int | None = None
+    # decode placement with several decode instances (scheduling/placement.py)
+    decode_balance: str = "maxmin"
     # bucketserve (faithful): Eq. 6 safety factor and the offline order inside buckets
     memory_safety: float = 0.9
     offline_order: str = "sjf"
@@ -39,8 +46,17 @@ class SchedulerConfig:
     enable_batch_controller: bool = True  # False: static_batch_size instead of Eq. 6
     enable_priority: bool = True  # False: oldest request first, online or not; FCFS inside
     bucket_cap: int | None = None  # not in the paper: stop Algorithm 1 splitting at this many
+    # the seed buckets "based on its sequence length and task type": one Algorithm 1 per type
+    bucket_by_task_type: bool = True
+    # admission: "headroom" (prefill pool and decode headroom) or "prefill" (DistServe's:
+    # prefill pool only); None: the policy's default (distserve, sjf, edf, bullet: prefill)
+    admission: str | None = None
     # fcfs / distserve: prefill token budget per batch (None: max(max_model_len, 2048), vLLM's)
     max_batched_tokens: int | None = None
+    max_paddings: int = 256  # fcfs-pad: padded-era vLLM's cap on padding tokens per batch
+    bullet_urgent_s: float = 0.1  # bullet: TTFT slack below which a request jumps the order
+    scls_slice_tokens: int = 128  # scls: output tokens per generation slice
+    scls_step_prior_s: float = 0.03  # scls: decode-step time before any was measured
     # static (and bucketserve without its batch controller): fixed batch size
     static_batch_size: int = 32
     # bucketserve+: boundaries, batch cap, EDF scan depth, latency-model prior
@@ -82,12 +98,21 @@ class SchedulerConfig:
         _check_range("hysteresis", self.hysteresis, 0.0, 0.9)
         if self.output_reserve is not None and self.output_reserve not in RESERVE_MODES:
             raise ValueError(f"output_reserve must be one of {RESERVE_MODES} or None")
+        if self.admission is not None and self.admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {ADMISSIONS} or None")
+        if self.decode_balance not in DECODE_BALANCES:
+            raise ValueError(f"decode_balance must be one of {DECODE_BALANCES}")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.offline_order not in OFFLINE_ORDERS:
             raise ValueError(f"offline_order must be one of {OFFLINE_ORDERS}")
         self._check_counts()
 
     def _check_counts(self) -> None:
-        for name in ("expected_output_tokens", "max_num_seqs", "static_batch_size", "edf_scan"):
+        for name in (
+            "expected_output_tokens", "max_num_seqs", "static_batch_size", "edf_scan",
+            "scls_slice_tokens",
+        ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         _check_range("max_buckets", self.max_buckets, 1, 64)
@@ -107,8 +132,12 @@ class SchedulerConfig:
         for name in ("histogram_half_life_s", "recut_interval_s", "prefill_tokens_per_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.prefill_overhead_s < 0 or self.bucket_penalty_tokens < 0:
-            raise ValueError("prefill_overhead_s and bucket_penalty_tokens must be >= 0")
+        for name in ("prefill_overhead_s", "bucket_penalty_tokens", "max_paddings"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("bullet_urgent_s", "scls_step_prior_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
     def token_budget(self) -> int:
         """The fcfs/distserve prefill token budget per batch."""

@@ -20,7 +20,7 @@ from itertools import chain
 
 from bucketserve.scheduling.base import BaseScheduler, Ordered
 from bucketserve.scheduling.batch_controller import DynamicBatchingController
-from bucketserve.scheduling.buckets import Bucket, rebalance
+from bucketserve.scheduling.buckets import Bucket, TaskTypeBuckets, rebalance
 from bucketserve.scheduling.cluster import InstanceStats
 from bucketserve.scheduling.config import SchedulerConfig
 from bucketserve.scheduling.memory import Budget
@@ -45,6 +45,8 @@ class BucketServeScheduler(BaseScheduler):
 
     def __init__(self, config: SchedulerConfig, clock: Callable[[], float]) -> None:
         super().__init__(config, clock)
+        if config.bucket_by_task_type:  # the seed: buckets by sequence length and task type
+            self.buckets = TaskTypeBuckets(config.max_model_len)
         self.controller = DynamicBatchingController(config.memory_safety)
         self.last_action = "none"
 

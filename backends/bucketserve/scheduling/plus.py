@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from itertools import islice
 
-from bucketserve.scheduling.base import BaseScheduler, Ordered
+from bucketserve.scheduling.base import Ordered
+from bucketserve.scheduling.baselines import AdmissionChoice
 from bucketserve.scheduling.batch import PrefillBatch
 from bucketserve.scheduling.boundaries import BoundaryPlanner
 from bucketserve.scheduling.buckets import Bucket
@@ -26,7 +27,7 @@ from bucketserve.scheduling.memory import Budget
 from bucketserve.scheduling.request import RequestMeta
 
 
-class BucketServePlus(BaseScheduler):
+class BucketServePlus(AdmissionChoice):
     """Policy "bucketserve+"."""
 
     name = "bucketserve+"

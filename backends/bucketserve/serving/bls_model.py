@@ -13,8 +13,11 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from bucketserve.serving.contract import INPUT_NAMES, OUTPUT_NAMES, GenerateParams
-from bucketserve.serving.triton_io import bytes_tensor
+from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.contract import INPUT_NAMES, GenerateParams
+from bucketserve.serving.handoff import KIND_GENERATE, Handoff
+from bucketserve.serving.router_model import StepError, broadcast_stop, relay
+from bucketserve.serving.triton_io import bytes_tensor, model_parameter
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 WATCH_INTERVAL_S = 0.1
@@ -27,25 +30,26 @@ def call(model: str, inputs: list, outputs: list[str], request_id: str = ""):
     )
     for resp in request.exec(decoupled=True):
         if resp.has_error():
-            raise RuntimeError(resp.error().message())
+            raise StepError(resp.error())
         if resp.output_tensors():
             yield resp
 
 
-def stop_request(request_id: str) -> None:
+def stop_request(request_id: str, num_decode: int) -> None:
     """What the ensemble gets from `stop: true`: drop it from the queue, stop its decoding."""
     params = bytes_tensor("_params", GenerateParams(request_id=request_id, stop=True).to_json())
     ids = pb_utils.Tensor("_input_ids", np.zeros(0, dtype=np.int32))
     for resp in call("scheduler", [ids, params], ["_handoff"]):
         handoff = pb_utils.get_output_tensor_by_name(resp, "_handoff")
-        for _ in call("decode", [pb_utils.Tensor("_handoff", handoff.as_numpy())], ["text_output"]):
-            pass
+        broadcast_stop(range(num_decode), handoff.as_numpy())
 
 
 class BlsModel:
     """One relay thread per request plus a watcher that turns client cancellation into stops."""
 
     def initialize(self, args: dict) -> None:
+        cfg = ServeConfig.read(model_parameter(args, "run_config"))
+        self.num_decode = len(cfg.decode_devices)
         # TensorRT-LLM-shaped entry models (max_batch_size 1) carry a leading batch dimension.
         self.batched = json.loads(args["model_config"]).get("max_batch_size", 0) > 0
         self.active: dict[str, object] = {}  # request id -> response sender
@@ -69,9 +73,8 @@ class BlsModel:
             self.run(request, sender, rid)
         except Exception as e:
             try:
-                sender.send(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL
-                )
+                error = e.error if isinstance(e, StepError) else pb_utils.TritonError(str(e))
+                sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
             except Exception:  # the client is gone; nothing left to tell it
                 pass
         finally:
@@ -92,22 +95,14 @@ class BlsModel:
             requested_output_names=["_input_ids", "_params"],
         ).exec()
         if pre.has_error():
-            raise RuntimeError(pre.error().message())
-        handoff = None
+            raise StepError(pre.error())
+        raw = None
         for resp in call("scheduler", pre.output_tensors(), ["_handoff"]):
-            handoff = pb_utils.get_output_tensor_by_name(resp, "_handoff")
-        for resp in call("decode", [pb_utils.Tensor("_handoff", handoff.as_numpy())], OUTPUT_NAMES):
-            reason = (
-                pb_utils.get_output_tensor_by_name(resp, "finish_reason").as_numpy().reshape(-1)[0]
-            )
-            final = bool(reason)
-            outputs = [self.batch(t) for t in resp.output_tensors()]
-            sender.send(
-                pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if final else 0
-            )
-            if final:
-                return
-        sender.send(flags=FINAL)
+            raw = pb_utils.get_output_tensor_by_name(resp, "_handoff").as_numpy()
+        handoff = Handoff.from_json(raw.reshape(-1)[0])
+        # the decode instance the scheduler placed it on (a cancelled hand-off: any answers)
+        index = handoff.decode_index if handoff.kind == KIND_GENERATE else 0
+        relay(index, raw, sender, self.batch if self.batched else None)
 
     def unbatch(self, t):
         """[1, ...] -> [...] for the models behind the relay (they take the vLLM shapes)."""
@@ -120,8 +115,6 @@ class BlsModel:
 
     def batch(self, t):
         """[...] -> [1, ...] for a TensorRT-LLM-shaped entry model."""
-        if not self.batched:
-            return t
         arr = t.as_numpy()
         return pb_utils.Tensor(t.name(), arr.reshape((1, *arr.shape)))
 
@@ -136,7 +129,7 @@ class BlsModel:
                 self.stopped.update(gone)
             for rid in gone:
                 try:
-                    stop_request(rid)
+                    stop_request(rid, self.num_decode)
                 except Exception as e:
                     pb_utils.Logger.log_warn(f"bucketserve_bls: stopping {rid} failed: {e}")
 

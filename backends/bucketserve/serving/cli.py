@@ -32,8 +32,23 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=d.block_size)
     p.add_argument("--kv-cache-gb", type=float, default=d.kv_cache_gb)
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=d.gpu_memory_utilization,
+        help="GPU: share of total memory per engine instance (default 0.9 / instances)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=d.cuda_graphs,
+        help="GPU: replay decode steps as CUDA graphs (--no-cuda-graphs: eager)",
+    )
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
     p.add_argument("--log-verbose", type=int, default=d.log_verbose)
+    p.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
+    p.add_argument("--max-decode-batch", type=int, default=d.max_decode_batch)
+    p.add_argument("--stream-interval-s", type=float, default=d.stream_interval_s)
     p.add_argument(
         "--scheduler", type=json.loads, default=d.scheduler, metavar="JSON",
         help='SchedulerConfig overrides, e.g. \'{"enable_bucketing": false}\' (ablations)',
@@ -63,8 +78,13 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         block_size=a.block_size,
         kv_cache_gb=a.kv_cache_gb,
         max_model_len=a.max_model_len,
+        gpu_memory_utilization=a.gpu_memory_utilization,
+        cuda_graphs=a.cuda_graphs,
         default_max_tokens=a.default_max_tokens,
         log_verbose=a.log_verbose,
+        max_prefill_tokens=a.max_prefill_tokens,
+        max_decode_batch=a.max_decode_batch,
+        stream_interval_s=a.stream_interval_s,
         scheduler=a.scheduler,
         openai_port=getattr(a, "openai_port", ServeConfig().openai_port),
     )

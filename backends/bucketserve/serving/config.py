@@ -36,14 +36,18 @@ class ServeConfig:
     default_max_tokens: int = 64
     handoff_timeout_s: float = 30.0
     preprocessing_instances: int = 2
-    max_prefill_tokens: int = 4096
-    max_decode_batch: int = 256
+    max_prefill_tokens: int = 4096  # prompt tokens per prefill batch (a longer prompt runs alone)
+    max_decode_batch: int = 256  # sequences in one decode instance's running batch
     stream_interval_s: float = (
-        0.0  # 0: send whenever the sender is free (coalesce only when behind)
+        0.0  # decode sender: min seconds between sends (0: coalesce when behind)
     )
     log_verbose: int = 0
     scheduler: dict = field(default_factory=dict)  # SchedulerConfig overrides, e.g. ablations
     model_dir: str = ""  # filled by the launcher: the resolved local checkpoint directory
+    # GPU: share of total memory one engine instance may use; None: 0.9 split evenly among the
+    # instances on that GPU (deterministic, whatever order they load in)
+    gpu_memory_utilization: float | None = None
+    cuda_graphs: bool = True  # GPU decode steps replayed as CUDA graphs; False: eager
     openai_port: int = 9000  # the OpenAI-compatible front end's port; 0: do not start it
 
     def __post_init__(self) -> None:
@@ -70,6 +74,15 @@ class ServeConfig:
             raise ValueError(f"block_size must be in 1..1024, got {self.block_size}")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise ValueError(f"kv_cache_gb must be > 0, got {self.kv_cache_gb}")
+        for name in ("max_prefill_tokens", "max_decode_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.stream_interval_s <= 1.0:
+            raise ValueError(f"stream_interval_s must be in [0, 1], got {self.stream_interval_s}")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
         if self.run_id and not re.match(r"^[A-Za-z0-9]{1,12}$", self.run_id):
@@ -82,7 +95,11 @@ class ServeConfig:
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         """The SchedulerConfig for a model context of max_model_len, with `scheduler` applied."""
         return SchedulerConfig.with_overrides(
-            self.scheduler, max_model_len=max_model_len, block_size=self.block_size or 16
+            self.scheduler,
+            max_model_len=max_model_len,
+            block_size=self.block_size or 16,
+            max_prefill_tokens=self.max_prefill_tokens,
+            max_num_seqs=self.max_decode_batch,
         )
 
     @property

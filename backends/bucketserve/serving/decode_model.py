@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -15,53 +13,42 @@ import triton_python_backend_utils as pb_utils
 from bucketserve.kv.names import shm_name
 from bucketserve.kv.stats import StatsBlock
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.decode_worker import DecodeWorker, Delta
+from bucketserve.serving.decode_stream import Delta
+from bucketserve.serving.decode_worker import DecodeWorker
 from bucketserve.serving.engine_glue import build_runner
 from bucketserve.serving.handoff import KIND_GENERATE, KIND_STOP, Handoff
-from bucketserve.serving.metrics import KvMetrics, RequestMetrics
+from bucketserve.serving.metrics import DecodeMetrics, KvMetrics, RequestMetrics
 from bucketserve.serving.model_info import load_tokenizer, model_info
 from bucketserve.serving.notify import FinishNotifier, socket_path
-from bucketserve.serving.triton_io import bytes_tensor, instance_index, json_input, model_parameter
+from bucketserve.serving.relay import Client, ResponseRelay, merge
+from bucketserve.serving.repository import model_index
+from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 GAUGE_INTERVAL_S = 0.25
-EARLY_STOP_TTL_S = 60.0
 
 
-@dataclass(slots=True)
-class Client:
-    """The Triton side of one request: where its responses go and what it asked for."""
-
-    sender: object
-    handoff: Handoff
-    buffer: str = ""
-    first_token_s: float = 0.0
-    echoed: bool = False
-    logprobs: list = field(default_factory=list)  # buffered with `buffer` when not streaming
-    cum_logprob: float = 0.0
-
-
-def response(text: str, reason: str, n_in: int, n_out: int, logprobs=None, cum=0.0):
+def response(text: str, reason: str, n_in: int, n_out: int, logprobs=None):
     """One response; the log-prob outputs are empty unless the request asked for them."""
-    logprobs = logprobs or []
+    entries, cum = logprobs or ([], 0.0)
     return pb_utils.InferenceResponse(
         output_tensors=[
             bytes_tensor("text_output", text),
             bytes_tensor("finish_reason", reason),
             pb_utils.Tensor("num_input_tokens", np.array([n_in], dtype=np.int32)),
             pb_utils.Tensor("num_output_tokens", np.array([n_out], dtype=np.int32)),
-            *logprob_tensors(logprobs, cum),
+            *logprob_tensors(entries, cum),
         ]
     )
 
 
-def logprob_tensors(logprobs: list[dict], cum: float) -> list:
+def logprob_tensors(entries: list[dict], cum: float) -> list:
     """TensorRT-LLM's output_log_probs / cum_log_probs and the vLLM backend's logprobs JSON."""
-    values = [next(iter(e.values()))["logprob"] for e in logprobs]
+    values = [next(iter(e.values()))["logprob"] for e in entries]
     return [
         pb_utils.Tensor("output_log_probs", np.asarray(values, dtype=np.float32)),
-        pb_utils.Tensor("cum_log_probs", np.asarray([cum] if logprobs else [], dtype=np.float32)),
-        bytes_tensor("logprobs", json.dumps(logprobs) if logprobs else ""),
+        pb_utils.Tensor("cum_log_probs", np.asarray([cum] if entries else [], dtype=np.float32)),
+        bytes_tensor("logprobs", json.dumps(entries) if entries else ""),
     ]
 
 
@@ -72,7 +59,7 @@ class DecodeModel:
         from bucketserve.engine.block_manager import BlockManager
 
         cfg = ServeConfig.read(model_parameter(args, "run_config"))
-        index = instance_index(args)
+        index = model_index(args["model_name"])
         self.name = f"decode{index}"
         runner = build_runner(
             cfg, cfg.decode_devices[index], shm_name(cfg.run_id, "decode", index, "kv")
@@ -83,16 +70,21 @@ class DecodeModel:
         tokenizer = load_tokenizer(model_info(cfg)).backend_tokenizer
         self.outbox: queue.Queue = queue.Queue()
         self.worker = DecodeWorker(
-            runner, self.blocks, tokenizer, self.stats, self.outbox, cfg.handoff_timeout_s
+            runner,
+            self.blocks,
+            tokenizer,
+            self.stats,
+            self.outbox,
+            cfg.handoff_timeout_s,
+            max_batch=cfg.max_decode_batch,
+            watermark=cfg.scheduler_config(runner.model_config.max_model_len).watermark,
         )
+        self.stream_interval_s = cfg.stream_interval_s
         self.worker.publish()
-        self.clients: dict[int, Client] = {}
-        self.by_request_id: dict[str, int] = {}
-        self.early_stops: dict[str, float] = {}  # request id -> when its stop arrived
         self.notifier = FinishNotifier(socket_path(cfg.run_dir, cfg.run_id))
-        self.lock = threading.Lock()
-        self.keys = itertools.count()
+        self.relay = ResponseRelay(self.worker, send, send_error, self.on_final)
         self.kv_metrics = KvMetrics(self.name)
+        self.decode_metrics = DecodeMetrics(self.name)
         self.req_metrics = RequestMetrics(self.name)
         self.threads = [
             threading.Thread(target=self.worker.loop, name="decode-engine", daemon=True),
@@ -115,40 +107,15 @@ class DecodeModel:
                 )
                 continue
             if handoff.kind == KIND_STOP:
-                self.stop(handoff.target)
+                self.relay.stop(handoff.target)
                 sender.send(response("", "cancelled", 0, 0), flags=FINAL)
             elif handoff.kind == KIND_GENERATE:
-                self.start(sender, handoff)
+                self.relay.start(sender, handoff)
             else:  # cancelled while still queued for prefill
                 sender.send(
                     response("", "cancelled", handoff.params.num_input_tokens, 0), flags=FINAL
                 )
         return None
-
-    def start(self, sender, handoff: Handoff) -> None:
-        key = next(self.keys)
-        rid = handoff.params.request_id
-        with self.lock:
-            self.clients[key] = Client(sender, handoff)
-            if rid:
-                self.by_request_id[rid] = key
-            stopped_early = self.early_stops.pop(rid, None) is not None if rid else False
-        self.worker.submit(key, handoff)
-        if stopped_early:
-            self.worker.cancel(key)
-
-    def stop(self, request_id: str) -> None:
-        """Cancel a running request; a stop that overtakes its request (still in prefill) waits."""
-        with self.lock:
-            key = self.by_request_id.get(request_id)
-            if key is None and request_id:
-                now = time.monotonic()
-                self.early_stops = {
-                    r: t for r, t in self.early_stops.items() if now - t < EARLY_STOP_TTL_S
-                }
-                self.early_stops[request_id] = now
-        if key is not None:
-            self.worker.cancel(key)
 
     def send_loop(self) -> None:
         """Coalesce: everything queued since the last send goes out as one response per request."""
@@ -170,71 +137,26 @@ class DecodeModel:
                     self.outbox.put(None)
                     break
                 items.append(item)
-            finished = self.deliver(merge(items))
+            sent_s = time.monotonic()
+            finished = self.relay.deliver(merge(items))
             if finished:
                 self.kv_metrics.set(self.blocks.num_free_blocks, self.blocks.num_total_blocks)
             if time.monotonic() >= next_gauge:
                 self.housekeeping()
                 next_gauge = time.monotonic() + GAUGE_INTERVAL_S
+            # Coalescing interval: what the engine produces meanwhile goes out in one response.
+            time.sleep(max(0.0, self.stream_interval_s - (time.monotonic() - sent_s)))
 
     def housekeeping(self) -> None:
         """KV gauges, and cancellation of requests whose client went away (non-streaming too)."""
         self.kv_metrics.set(self.blocks.num_free_blocks, self.blocks.num_total_blocks)
-        with self.lock:
-            clients = list(self.clients.items())
-        for key, client in clients:
-            if client.sender.is_cancelled():
-                self.worker.cancel(key)
+        self.decode_metrics.set(self.worker)
+        self.relay.cancel_gone()
 
-    def deliver(self, deltas: list[Delta]) -> bool:
-        """Send what each request produced; True when some request finished."""
-        finished = False
-        for d in deltas:
-            with self.lock:
-                client = self.clients.get(d.key)
-            if client is None:
-                continue
-            if d.first_token_s:
-                client.first_token_s = d.first_token_s
-            p = client.handoff.params
-            text = d.text
-            if not client.echoed and p.prompt_text:
-                text, client.echoed = p.prompt_text + text, True
-            client.logprobs += d.logprobs
-            client.cum_logprob += sum(next(iter(e.values()))["logprob"] for e in d.logprobs)
-            if not d.finish_reason and not p.stream:
-                client.buffer += text
-                continue
-            text, client.buffer = client.buffer + text, ""
-            if d.finish_reason:
-                self.complete(d, client, text)
-                finished = True
-            else:
-                lps, client.logprobs = client.logprobs, []
-                client.sender.send(
-                    response(
-                        text, "", p.num_input_tokens, d.num_output_tokens, lps, client.cum_logprob
-                    )
-                )
-                if client.sender.is_cancelled():
-                    self.worker.cancel(d.key)
-        return finished
-
-    def complete(self, d: Delta, client: Client, text: str) -> None:
-        p = client.handoff.params
-        with self.lock:
-            self.clients.pop(d.key, None)
-            if self.by_request_id.get(p.request_id) == d.key:
-                del self.by_request_id[p.request_id]
+    def on_final(self, d: Delta, client: Client) -> None:
+        """After a request's FINAL: tell the scheduler, count it, observe its latencies."""
         self.notifier.finished(client.handoff.sched_key, d.num_output_tokens)
-        if d.error:
-            client.sender.send(
-                pb_utils.InferenceResponse(error=pb_utils.TritonError(d.error)), flags=FINAL
-            )
-        else:
-            n_in, n_out = p.num_input_tokens, d.num_output_tokens
-            lps, cum = client.logprobs, client.cum_logprob
-            client.sender.send(response(text, d.finish_reason, n_in, n_out, lps, cum), flags=FINAL)
+        self.decode_metrics.finished.increment(1)
         self.observe(d, client)
 
     def observe(self, d: Delta, client: Client) -> None:
@@ -268,17 +190,16 @@ class DecodeModel:
         self.worker.runner.close()
 
 
-def merge(items: list[Delta]) -> list[Delta]:
-    """One delta per request: texts concatenated, the latest counts and finish reason kept."""
-    merged: dict[int, Delta] = {}
-    for d in items:
-        prev = merged.get(d.key)
-        if prev is None:
-            merged[d.key] = d
-            continue
-        prev.text += d.text
-        prev.num_output_tokens = d.num_output_tokens
-        prev.finish_reason, prev.error = d.finish_reason, d.error
-        prev.first_token_s = prev.first_token_s or d.first_token_s
-        prev.logprobs += d.logprobs
-    return list(merged.values())
+def send(sender, text: str, reason: str, n_in: int, n_out: int, final: bool, logprobs=None):
+    sender.send(response(text, reason, n_in, n_out, logprobs), flags=FINAL if final else 0)
+
+
+def send_error(sender, message: str, busy: bool) -> None:
+    sender.send(pb_utils.InferenceResponse(error=triton_error(message, busy)), flags=FINAL)
+
+
+def triton_error(message: str, busy: bool):
+    """A busy (capacity) error carries UNAVAILABLE, which HTTP maps to 503 and gRPC to
+    UNAVAILABLE: the client should retry later; anything else stays INTERNAL."""
+    code = pb_utils.TritonError.UNAVAILABLE if busy else pb_utils.TritonError.INTERNAL
+    return pb_utils.TritonError(message, code)

@@ -23,9 +23,10 @@ def build_runner(cfg: ServeConfig, device: str, pool_name: str):
     optional = {"kv_cache_gb": cfg.kv_cache_gb} if cfg.kv_cache_gb is not None else {}
     if device == "cpu":
         optional["num_threads"] = cpu_threads(cfg)
-    if device.startswith("cuda"):  # instances sharing a GPU split its free memory
+    if device.startswith("cuda"):  # instances sharing a GPU split its total memory
         sharing = (cfg.prefill_devices + cfg.decode_devices).count(device)
-        optional["gpu_memory_utilization"] = round(0.9 / sharing, 3)
+        share = cfg.gpu_memory_utilization or round(0.9 / sharing, 3)
+        optional["gpu_memory_utilization"] = share
     ecfg = EngineConfig(
         model=cfg.model_dir,
         device=device,
@@ -34,6 +35,7 @@ def build_runner(cfg: ServeConfig, device: str, pool_name: str):
         attention=cfg.attention,
         max_model_len=cfg.max_model_len,
         pool_name=pool_name,
+        cuda_graphs=cfg.cuda_graphs,
         **optional,
     )
     return ModelRunner(ecfg)

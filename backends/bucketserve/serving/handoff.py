@@ -22,6 +22,7 @@ class Handoff:
     prompt_ids: list[int] = field(default_factory=list)
     first_token: int = -1
     prefill_index: int = -1
+    decode_index: int = 0  # the decode instance the scheduler placed it on (model decode_<i>)
     pool: str = ""  # PoolHandle JSON of the prefill instance's KV pool
     handoff_table: str = ""  # shared-memory name of that instance's ack table
     handoff_id: int = -1

@@ -148,3 +148,53 @@ class SchedulerMetrics:
         self.batch_size.observe(size)
         self.batch_time.observe(seconds)
         self.padding.set(padding_ratio)
+
+
+def instance_finished(instance: str):
+    """Requests an engine instance itself reports done; equals what the scheduler placed there
+    (`placed_requests_total`) once the server is idle."""
+    return counter(
+        "instance_requests_total",
+        "Requests an engine instance finished (any outcome)",
+        {"instance": instance},
+    )
+
+
+class DecodeMetrics:
+    """One decode instance's own account: requests finished there, preemptions, recompute."""
+
+    def __init__(self, instance: str) -> None:
+        labels = {"instance": instance}
+        self.finished = instance_finished(instance)
+        self.preemptions = counter(
+            "preemptions_total", "Decode requests preempted for KV space", labels
+        )
+        self.recomputed = counter(
+            "recomputed_tokens_total", "Tokens whose KV decode rebuilt after preemption", labels
+        )
+        self._seen = (0, 0)
+
+    def set(self, worker) -> None:
+        """Catch the counters up with the decode worker's totals (read from another thread)."""
+        now = (worker.num_preemptions, worker.num_recomputed_tokens)
+        self.preemptions.increment(now[0] - self._seen[0])
+        self.recomputed.increment(now[1] - self._seen[1])
+        self._seen = now
+
+
+class PlacementMetrics:
+    """The scheduler's placement decisions: requests sent to each prefill / decode instance."""
+
+    def __init__(self, instances: list[str]) -> None:
+        self.placed = {
+            i: counter(
+                "placed_requests_total",
+                "Requests the scheduler placed on an engine instance",
+                {"instance": i},
+            )
+            for i in instances
+        }
+
+    def batch(self, prefill_id: str, decode_id: str, size: int) -> None:
+        self.placed[prefill_id].increment(size)
+        self.placed[decode_id].increment(size)

@@ -14,8 +14,9 @@ from bucketserve.kv.stats import StatsBlock
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.engine_glue import build_runner, logprob_list, new_sequence, publish_stats
 from bucketserve.serving.handoff import PrefillReply, PrefillResult, sampling_rows
-from bucketserve.serving.metrics import KvMetrics
-from bucketserve.serving.triton_io import bytes_tensor, instance_index, model_parameter
+from bucketserve.serving.metrics import KvMetrics, instance_finished
+from bucketserve.serving.repository import model_index
+from bucketserve.serving.triton_io import bytes_tensor, model_parameter
 
 RECLAIM_INTERVAL_S = 0.02
 GAUGE_INTERVAL_S = 0.25
@@ -107,9 +108,11 @@ class PrefillModel:
 
     def initialize(self, args: dict) -> None:
         cfg = ServeConfig.read(model_parameter(args, "run_config"))
-        self.worker = PrefillWorker(cfg, instance_index(args))
+        self.worker = PrefillWorker(cfg, model_index(args["model_name"]))
         pb_utils.Logger.log_info(f"prefill{self.worker.index}: {self.worker.runner.describe()}")
-        self.kv_metrics = KvMetrics(f"prefill{self.worker.index}")
+        name = f"prefill{self.worker.index}"
+        self.kv_metrics = KvMetrics(name)
+        self.finished = instance_finished(name)
         self.stop_event = threading.Event()
         self.thread = threading.Thread(
             target=self.reclaim_loop, name="prefill-reclaim", daemon=True
@@ -137,7 +140,14 @@ class PrefillModel:
             lens = pb_utils.get_input_tensor_by_name(request, "seq_lens").as_numpy().reshape(-1)
             raw = pb_utils.get_input_tensor_by_name(request, "sampling").as_numpy().reshape(-1)[0]
             rows = sampling_rows(raw)
+            self.finished.increment(len(rows))  # its requests are done here, whatever happens
+            start = time.time()
             reply = self.worker.run(ids, lens, rows)
+            # wall-clock span of each batch: shows (and lets tests check) batches overlapping
+            pb_utils.Logger.log_info(
+                f"prefill{self.worker.index} batch seqs={len(rows)} tokens={int(lens.sum())} "
+                f"span={start:.6f}-{time.time():.6f}"
+            )
         except Exception as e:  # the scheduler turns this into per-request errors
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"prefill failed: {e}"))
         return pb_utils.InferenceResponse(output_tensors=[bytes_tensor("result", reply.to_json())])

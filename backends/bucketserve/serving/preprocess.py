@@ -30,7 +30,9 @@ class Preprocessor:
     def encode(self, text: str, chat: bool) -> list[int]:
         if chat and getattr(self.tokenizer, "chat_template", None):
             messages = [{"role": "user", "content": text}]
-            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+            # return_dict=False: transformers 5 returns a BatchEncoding (keys) by default.
+            return list(self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False))  # fmt: skip
         return self.tokenizer.encode(text)
 
     def __call__(

@@ -1,4 +1,9 @@
-"""Render the model_repository templates into a run folder for one ServeConfig."""
+"""Render the model_repository templates into a run folder for one ServeConfig.
+
+The `prefill` and `decode` templates become one Triton model per device (`prefill_0`,
+`decode_1`, ...), so the scheduler can call the instance it chose by name. With more than one
+decode device the ensemble's decode step is `decode_router`, which relays from the `decode_<i>`
+named in each hand-off; with one, the ensemble calls `decode_0` directly (no extra hop)."""
 
 from __future__ import annotations
 
@@ -28,15 +33,37 @@ def template_dir() -> Path:
     return here
 
 
-def instance_groups(devices: list[str]) -> str:
-    """One instance group per device, so instance name <model>_<g>_0 gives its device index g."""
-    groups = []
-    for dev in devices:
-        if dev == "cpu":
-            groups.append("  { count: 1 kind: KIND_CPU }")
-        else:
-            groups.append(f"  {{ count: 1 kind: KIND_GPU gpus: [ {int(dev.split(':')[1])} ] }}")
-    return ",\n".join(groups)
+PER_DEVICE = ("prefill", "decode")  # templates rendered once per device, as <name>_<index>
+
+
+def instance_group(device: str) -> str:
+    """The one instance group of a per-device model."""
+    if device == "cpu":
+        return "  { count: 1 kind: KIND_CPU }"
+    return f"  {{ count: 1 kind: KIND_GPU gpus: [ {int(device.split(':')[1])} ] }}"
+
+
+def model_index(model_name: str) -> int:
+    """Device index of a per-device model: "decode_1" -> 1."""
+    return int(model_name.rsplit("_", 1)[1])
+
+
+def decode_step_model(cfg: ServeConfig) -> str:
+    """What the ensemble's decode step calls."""
+    return "decode_0" if len(cfg.decode_devices) == 1 else "decode_router"
+
+
+def copies(template: str, cfg: ServeConfig) -> list[tuple[str, dict[str, str]]]:
+    """(model name, extra template vars) for each model rendered from one template folder."""
+    if template in PER_DEVICE:
+        devices = getattr(cfg, f"{template}_devices")
+        return [
+            (f"{template}_{i}", {"model_name": f"{template}_{i}", "instances": instance_group(d)})
+            for i, d in enumerate(devices)
+        ]
+    if template == "decode_router" and len(cfg.decode_devices) == 1:
+        return []
+    return [(template, {})]
 
 
 def template_vars(cfg: ServeConfig, templates: Path, run_config: Path) -> dict[str, str]:
@@ -49,8 +76,7 @@ def template_vars(cfg: ServeConfig, templates: Path, run_config: Path) -> dict[s
         "decode_output_map": output_map,
         "preprocessing_input_map": input_map,
         "preprocessing_instances": str(cfg.preprocessing_instances),
-        "prefill_instances": instance_groups(cfg.prefill_devices),
-        "decode_instances": instance_groups(cfg.decode_devices),
+        "decode_model": decode_step_model(cfg),
         "run_config": str(run_config),
     }
 
@@ -67,7 +93,8 @@ def render(cfg: ServeConfig, run_dir: Path) -> Path:
     for model in sorted(
         p for p in templates.iterdir() if p.is_dir() and not p.name.startswith("_")
     ):
-        shutil.copytree(model, repo / model.name, ignore=shutil.ignore_patterns("__pycache__"))
-        config = repo / model.name / "config.pbtxt"
-        config.write_text(Template(config.read_text()).substitute(values))
+        for name, extra in copies(model.name, cfg):
+            shutil.copytree(model, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+            config = repo / name / "config.pbtxt"
+            config.write_text(Template(config.read_text()).substitute(values | extra))
     return repo

@@ -1,3 +1,2 @@
-"""Discrete-event simulator driving the real schedulers (bucketserve.scheduling) against a
-latency model: `bucketserve.sim.cli.main` (`bucketserve simulate`) and
-`python -m bucketserve.sim.reproduce` (paper-scale reproduction)."""
+"""Discrete-event simulator driving the real schedulers: `bucketserve simulate` (quick sweeps)
+and `python -m bucketserve.sim.evidence` (every table of docs/scheduling.md, 5 seeds)."""

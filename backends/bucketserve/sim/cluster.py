@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bucketserve.scheduling import SchedulerConfig
 from bucketserve.sim.hardware import GpuSpec, ModelSpec, kv_pool_blocks
 
-TOPOLOGIES = ("auto", "pd", "aggregated")
+# pd: prefill instances hand KV to decode instances; aggregated: vLLM-like, a prefill
+# iteration pauses decode; chunked: Sarathi-style hybrid iterations under a token budget;
+# bullet: prefill and decode run concurrently on one GPU's SMs; scls: slice-level batches
+TOPOLOGIES = ("auto", "pd", "aggregated", "chunked", "bullet", "scls")
+_AUTO = {"static": "static", "fcfs": "aggregated", "bullet": "bullet", "scls": "scls"}
+# DistServe checks only its prefill pool at admission (the server's distserve does not, as
+# its decode side fails hand-offs that wait too long for blocks)
+SIM_ADMISSION = {"distserve": "prefill"}
 
 
 @dataclass(slots=True)
@@ -24,6 +32,7 @@ class ClusterSpec:
     padded_prefill: bool = False
     topology: str = "auto"
     gpus_per_instance: int = 1
+    chunk_tokens: int = 512  # chunked: Sarathi's per-iteration token budget
 
     def __post_init__(self) -> None:
         if self.topology not in TOPOLOGIES:
@@ -35,6 +44,7 @@ class ClusterSpec:
             "num_prefill",
             "num_decode",
             "num_aggregated",
+            "chunk_tokens",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -47,14 +57,30 @@ class ClusterSpec:
         return cls(blocks, model.kv_bytes_per_token, block_size, gpus_per_instance=tp, **kw)
 
     def mode_for(self, policy: str) -> str:
-        """ "static", "aggregated" or "pd" for this policy."""
+        """The deployment this policy runs on (see TOPOLOGIES; "static": HF-style batches)."""
         if policy == "static":
             return "static" if self.topology != "pd" else "pd"
         if self.topology == "auto":
-            return "aggregated" if policy == "fcfs" else "pd"
+            return _AUTO.get(policy, "pd")
         return self.topology
 
     def num_gpus(self, policy: str) -> int:
         mode = self.mode_for(policy)
         instances = self.num_prefill + self.num_decode if mode == "pd" else self.num_aggregated
         return instances * self.gpus_per_instance
+
+    def scheduler_config(
+        self, max_model_len: int, overrides: dict | None = None, policy: str = ""
+    ) -> SchedulerConfig:
+        """The scheduler config every simulated run uses, plus `overrides`.
+
+        memory_safety = 1.0: the KV pool is already 0.9 x GPU memory minus weights (vLLM's
+        gpu_memory_utilization), which is Eq. 5's M_safe; Eq. 6's 0.9 applied on top of it
+        would take the safety factor twice.
+        """
+        base = {"max_num_seqs": self.max_num_seqs, "memory_safety": 1.0}
+        if policy in SIM_ADMISSION:
+            base["admission"] = SIM_ADMISSION[policy]
+        return SchedulerConfig.with_overrides(
+            base | (overrides or {}), max_model_len=max_model_len, block_size=self.block_size
+        )

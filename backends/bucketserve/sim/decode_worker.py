@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from bucketserve.scheduling import InstanceStats
-from bucketserve.scheduling.memory import blocks_for
+from bucketserve.scheduling.memory import DecodeMemory, blocks_for
 from bucketserve.sim.workload import SimRequest
 
 
@@ -42,6 +42,7 @@ class DecodeWorker:
     ):
         self.instance_id, self.role = instance_id, role
         self.total_blocks = self.free_blocks = total_blocks
+        self.memory = DecodeMemory(total_blocks, block_size)  # the server's decode memory model
         self.block_size, self.max_num_seqs = block_size, max_num_seqs
         self.latency, self.kv_bytes = latency, kv_bytes
         self.running: list[Seq] = []
@@ -68,11 +69,13 @@ class DecodeWorker:
     def admit(self, now: float) -> list[Seq]:
         """Move queued sequences in (FIFO) while blocks and seats last; returns the admitted."""
         admitted = []
+        growth = self.memory.growth([(s.blocks, s.context + 1) for s in self.running])
         while self.queue and len(self.running) < self.max_num_seqs:
             seq = self.queue[0]
-            need = blocks_for(seq.context + 1, self.block_size)
-            if need > self.free_blocks:
+            free = self.free_blocks - growth
+            if not self.memory.can_admit(seq.context, free, len(self.running)):
                 break
+            need = self.memory.admit_blocks(seq.context)
             self.queue.popleft()
             self.free_blocks -= need
             seq.blocks = need
@@ -93,16 +96,14 @@ class DecodeWorker:
 
     def _reserve_slots(self, now: float) -> list[Seq]:
         """Give every ready sequence room for its next token, preempting from the tail."""
-        i = 0
-        while i < len(self.running):
-            seq = self.running[i]
+        plan = [(s.blocks, s.context + 1 if s.ready_s <= now else 0) for s in self.running]
+        for _ in range(self.memory.preemptions(plan, self.free_blocks)):
+            self._preempt_tail()
+        for seq in self.running:
             if seq.ready_s <= now and seq.context + 1 > seq.blocks * self.block_size:
-                if self.free_blocks == 0:
-                    self._preempt_tail()
-                    continue
-                self.free_blocks -= 1
-                seq.blocks += 1
-            i += 1
+                grow = blocks_for(seq.context + 1, self.block_size) - seq.blocks
+                self.free_blocks -= grow
+                seq.blocks += grow
         return [s for s in self.running if s.ready_s <= now]
 
     def start_step(self, now: float) -> float | None:

@@ -14,6 +14,8 @@ class GpuSpec:
     bandwidth: float  # HBM bytes/s
     memory: float  # bytes
     link_bandwidth: float  # effective GPU-to-GPU bytes/s for the KV hand-off
+    sms: int = 108  # streaming multiprocessors (Bullet's SM-partition model)
+    bandwidth_sms: int = 30  # SMs that saturate HBM bandwidth (Bullet's N_d; ~30 on A100)
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,13 +42,17 @@ class ModelSpec:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
 
 
-# A100 SXM 40GB: 312 TFLOP/s dense bf16, 1.555 TB/s HBM2; NVLink3 600 GB/s total (300 per
-# direction), of which we assume 150 GB/s effective for one hand-off stream.
+# A100 SXM 40GB: 312 TFLOP/s dense bf16, 1.555 TB/s HBM2, 40 GiB (not 40e9 B: that lost 26 %
+# of the KV pool), 108 SMs; NVLink3 600 GB/s total (300 per direction), of which we assume
+# 150 GB/s effective for one hand-off stream.
 A100_40GB = GpuSpec(
-    "A100-40GB", flops=312e12, bandwidth=1.555e12, memory=40e9, link_bandwidth=150e9
+    "A100-40GB", flops=312e12, bandwidth=1.555e12, memory=40 * 2**30, link_bandwidth=150e9
 )
-# H200 SXM: 989 TFLOP/s dense bf16, 4.8 TB/s HBM3e, 141 GB.
-H200 = GpuSpec("H200", flops=989e12, bandwidth=4.8e12, memory=141e9, link_bandwidth=300e9)
+# H200 SXM: 989 TFLOP/s dense bf16, 4.8 TB/s HBM3e, 141 GB (decimal, as sold), 132 SMs.
+H200 = GpuSpec(
+    "H200", flops=989e12, bandwidth=4.8e12, memory=141e9, link_bandwidth=300e9, sms=132,
+    bandwidth_sms=40,
+)  # fmt: skip
 
 # Llama-2-13B: 13,015,864,320 parameters, 40 layers, hidden 5120, 40 heads (MHA), head_dim 128.
 LLAMA2_13B = ModelSpec("Llama-2-13B", 13.016e9, 40, 5120, 40, 40, 128, 2, 4096)

@@ -43,24 +43,54 @@ class RooflineLatency:
         self.model, self.gpu, self.tp = model, gpu, tp
         self.eff = eff or Efficiency()
 
-    def prefill_time(self, lengths: Sequence[int], padded: bool = False) -> float:
-        m, e = self.model, self.eff
+    def prefill_work(self, lengths: Sequence[int], padded: bool = False) -> tuple[float, float]:
+        """(FLOPs, bytes) of one prefill batch (padded: every prompt as long as the longest)."""
+        m = self.model
         eff_lengths = [max(lengths)] * len(lengths) if padded else list(lengths)
         tokens = sum(eff_lengths)
         attn = 2.0 * m.layers * m.hidden * sum(s * s for s in eff_lengths)  # causal QK^T + AV
-        flops = 2.0 * m.params * tokens + attn
-        nbytes = m.weight_bytes + tokens * m.kv_bytes_per_token
-        compute = flops / (self.tp * self.gpu.flops * e.prefill_compute)
-        memory = nbytes / (self.tp * self.gpu.bandwidth * e.bandwidth)
-        return max(compute, memory) + e.prefill_overhead_s
+        return 2.0 * m.params * tokens + attn, m.weight_bytes + tokens * m.kv_bytes_per_token
+
+    def decode_work(self, batch: int, context_tokens: int) -> tuple[float, float]:
+        """(FLOPs, bytes) of one decode step over `batch` sequences."""
+        m = self.model
+        flops = 2.0 * m.params * batch + 4.0 * m.layers * m.hidden * context_tokens
+        return flops, m.weight_bytes + (context_tokens + batch) * m.kv_bytes_per_token
+
+    def _time(self, flops: float, nbytes: float, compute_eff: float) -> float:
+        compute = flops / (self.tp * self.gpu.flops * compute_eff)
+        return max(compute, nbytes / (self.tp * self.gpu.bandwidth * self.eff.bandwidth))
+
+    def prefill_time(self, lengths: Sequence[int], padded: bool = False) -> float:
+        e = self.eff
+        return (
+            self._time(*self.prefill_work(lengths, padded), e.prefill_compute)
+            + e.prefill_overhead_s
+        )
 
     def decode_time(self, batch: int, context_tokens: int) -> float:
+        e = self.eff
+        return (
+            self._time(*self.decode_work(batch, context_tokens), e.decode_compute)
+            + e.decode_overhead_s
+        )
+
+    def hybrid_time(
+        self, batch: int, context_tokens: int, chunks: Sequence[tuple[int, int]]
+    ) -> float:
+        """One Sarathi iteration: a decode step fused with prefill chunks (tokens, prefix).
+
+        Weights are read once for the fused batch; chunk attention reads its prefix's KV.
+        """
         m, e = self.model, self.eff
-        flops = 2.0 * m.params * batch + 4.0 * m.layers * m.hidden * context_tokens
-        nbytes = m.weight_bytes + (context_tokens + batch) * m.kv_bytes_per_token
-        compute = flops / (self.tp * self.gpu.flops * e.decode_compute)
-        memory = nbytes / (self.tp * self.gpu.bandwidth * e.bandwidth)
-        return max(compute, memory) + e.decode_overhead_s
+        flops, nbytes = self.decode_work(batch, context_tokens) if batch else (0.0, m.weight_bytes)
+        for tokens, prefix in chunks:
+            flops += 2.0 * m.params * tokens + 4.0 * m.layers * m.hidden * tokens * (
+                prefix + tokens / 2
+            )
+            nbytes += (prefix + tokens) * m.kv_bytes_per_token
+        compute_eff = e.prefill_compute if chunks else e.decode_compute
+        return self._time(flops, nbytes, compute_eff) + e.decode_overhead_s
 
     def handoff_time(self, tokens: int) -> float:
         return (
@@ -82,9 +112,17 @@ def _bilinear(n: np.ndarray, length: np.ndarray) -> np.ndarray:
     return np.stack([n * length, n, length, np.ones_like(n)], axis=1)
 
 
-def _fit(n: list[float], length: list[float], seconds: list[float]) -> np.ndarray:
+REDUCED = {"prefill": (0, 3), "decode": (1, 3)}  # N*L + const, N + const
+
+
+def _fit(n: list[float], length: list[float], seconds: list[float], phase: str) -> np.ndarray:
+    """Least squares for the bilinear form; with fewer than 4 distinct (N, L) points, the
+    reduced form the points can determine (prefill p1 N L + p4, decode d2 N + d4)."""
     x = _bilinear(np.asarray(n, float), np.asarray(length, float))
-    coef, *_ = np.linalg.lstsq(x, np.asarray(seconds, float), rcond=None)
+    y = np.asarray(seconds, float)
+    coef = np.zeros(4)
+    cols = list(REDUCED[phase]) if len(set(zip(n, length, strict=True))) < 4 else [0, 1, 2, 3]
+    coef[cols], *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
     return coef
 
 
@@ -123,11 +161,10 @@ class FittedLatency:
             cols = data[row["phase"]]
             cols[0].append(n), cols[1].append(length), cols[2].append(tokens / tps)
         for phase, cols in data.items():
-            if len(cols[0]) < 4:
-                raise ValueError(
-                    f"need >= 4 {phase} rows to fit the bilinear model, got {len(cols[0])}"
-                )
-        return cls(_fit(*data["prefill"]), _fit(*data["decode"]), handoff_bytes_per_s, kv_bytes)
+            if len(set(zip(cols[0], cols[1], strict=True))) < 2:
+                raise ValueError(f"need >= 2 distinct {phase} (batch, length) points to fit")
+        return cls(_fit(*data["prefill"], "prefill"), _fit(*data["decode"], "decode"),
+                   handoff_bytes_per_s, kv_bytes)  # fmt: skip
 
     @classmethod
     def from_jsonl(
@@ -148,6 +185,14 @@ class FittedLatency:
         d1, d2, d3, d4 = self.decode_coef
         mean_ctx = context_tokens / max(batch, 1)
         return max(1e-4, d1 * batch * mean_ctx + d2 * batch + d3 * mean_ctx + d4)
+
+    def hybrid_time(
+        self, batch: int, context_tokens: int, chunks: Sequence[tuple[int, int]]
+    ) -> float:
+        """A fused iteration as a decode step plus a packed prefill of the chunks (an upper
+        bound: the fit has no shared weight read)."""
+        t = self.decode_time(batch, context_tokens) if batch else 0.0
+        return t + (self.prefill_time([c for c, _ in chunks]) if chunks else 0.0)
 
     def handoff_time(self, tokens: int) -> float:
         return tokens * self.kv_bytes / self.handoff_bytes_per_s + 1e-3

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from bucketserve.sim.outcome import SimOutcome
+from bucketserve.sim.steady import detect
 from bucketserve.sim.workload import SimRequest
 
 
@@ -24,6 +25,12 @@ def meets_slo(req: SimRequest) -> bool:
         return False
     ttft = req.first_token_s - req.meta.arrival_s
     return ttft <= req.meta.ttft_slo_s and tpot(req) <= req.meta.tpot_slo_s
+
+
+def meets_tail_slo(req: SimRequest) -> bool:
+    """TTFT within its SLO and the request's p90 time between tokens within the TPOT SLO
+    (a per-token tail SLO: stalls count even when the mean hides them)."""
+    return meets_slo(req) and req.tail_gap_ok(0.9)
 
 
 @dataclass(slots=True)
@@ -57,6 +64,15 @@ class RunMetrics:
     decision_share: float
     num_gpus: int
     max_buckets: int
+    attainment_tail: float = math.nan  # TTFT and p90 per-request TBT (meets_tail_slo)
+    slow_token_share: float = math.nan  # gaps between tokens longer than the TPOT SLO
+    max_gap_s: float = math.nan  # longest stall between two tokens of any request
+    growing: bool = False  # steady.detect: the backlog grew over the second half
+    backlog_slope: float = 0.0
+    final_backlog: int = 0
+    late_attainment: float = math.nan  # requests arriving in the last third
+    late_attainment_tail: float = math.nan
+    seed: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -99,7 +115,7 @@ def summarize(out: SimOutcome, workload: str, rate: float) -> RunMetrics:
         sum(b.padded_tokens for b in out.batches), 1
     )
     busy = out.prefill_busy_s + out.decode_busy_s
-    return RunMetrics(
+    m = RunMetrics(
         policy=out.policy, workload=workload, rate=rate, num_requests=n, finished=len(done),
         attainment=sum(meets_slo(r) for r in reqs) / n,
         long_attainment=_share(meets_slo(r) for r in reqs if r.meta.task_type == "summarization"),
@@ -117,15 +133,31 @@ def summarize(out: SimOutcome, workload: str, rate: float) -> RunMetrics:
         decision_share=sum(out.decision_s) / busy if busy else 0.0, num_gpus=out.num_gpus,
         max_buckets=out.max_buckets,
     )  # fmt: skip
+    _add_tail_and_steady(m, reqs)
+    return m
 
 
-SUSTAINED = 0.85  # a rate counts for goodput only if served_rate >= SUSTAINED x rate
+def _add_tail_and_steady(m: RunMetrics, reqs: list[SimRequest]) -> None:
+    tail_ok = {id(r): meets_tail_slo(r) for r in reqs}
+    m.attainment_tail = sum(tail_ok.values()) / len(reqs)
+    gaps = sum(r.num_gaps for r in reqs)
+    m.slow_token_share = sum(r.num_slow_gaps for r in reqs) / gaps if gaps else math.nan
+    m.max_gap_s = max((r.max_gap_s for r in reqs), default=math.nan)
+    st = detect(reqs, meets_slo)
+    m.growing, m.backlog_slope, m.final_backlog = st.growing, st.slope_rps, st.final_backlog
+    m.late_attainment = st.late_attainment
+    m.late_attainment_tail = detect(reqs, lambda r: tail_ok[id(r)]).late_attainment
 
 
-def effective_attainment(m: RunMetrics) -> float:
-    """Attainment, or 0 when the run did not keep up with its offered rate (see served_rate)."""
-    kept_up = math.isnan(m.served_rate) or m.served_rate >= SUSTAINED * m.rate
-    return m.attainment if kept_up else 0.0
+def effective_attainment(m: RunMetrics, tail: bool = False) -> float:
+    """What goodput counts for a run: 0 when its backlog grew (it did not sustain the rate),
+    else the worse of the whole run's attainment and that of its last third (steady.py)."""
+    if m.growing:
+        return 0.0
+    att, late = (
+        (m.attainment_tail, m.late_attainment_tail) if tail else (m.attainment, m.late_attainment)
+    )
+    return att if math.isnan(late) else min(att, late)
 
 
 def goodput(rates: list[float], attainments: list[float], target: float) -> float:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from bucketserve.sim.metrics import RunMetrics, effective_attainment, goodput
+from bucketserve.sim.stats import mean_ci
 
 GOODPUT_TARGETS = (0.8, 0.9, 0.99)
 # (field, header, format); every column right-aligned to max(header, value) width
@@ -32,24 +34,43 @@ def format_table(rows: Sequence[RunMetrics]) -> str:
     return "\n".join(lines)
 
 
-def goodput_rows(rows: Sequence[RunMetrics]) -> list[dict]:
-    """Goodput (req/s, total and per GPU) at each attainment target, per workload x policy.
+def _per_seed(sel: Sequence[RunMetrics]) -> dict[str, float]:
+    sel = sorted(sel, key=lambda r: r.rate)
+    rates = [r.rate for r in sel]
+    # capacity: the highest rate the runs actually served; goodput never exceeds it
+    cap = max((r.served_rate for r in sel if not math.isnan(r.served_rate)), default=math.inf)
+    out = {f"goodput@{int(t * 100)}": min(goodput(rates, [effective_attainment(r) for r in sel], t), cap)
+           for t in GOODPUT_TARGETS}  # fmt: skip
+    out["capacity_rps"] = max(r.completion_rate for r in sel)
+    out["max_throughput_tok_s"] = max(r.throughput_tok_s for r in sel)
+    return out
 
-    A rate counts only while the run kept up with it (metrics.effective_attainment).
+
+def goodput_rows(rows: Sequence[RunMetrics]) -> list[dict]:
+    """Goodput (req/s, total and per GPU) at each attainment target, per workload x policy:
+    the mean over seeds, with the 95 % CI half-width when there are several.
+
+    A rate counts only while the run sustained it (metrics.effective_attainment).
     """
     out = []
     for key in dict.fromkeys((r.workload, r.policy) for r in rows):
         sel = [r for r in rows if (r.workload, r.policy) == key]
-        rates, att = [r.rate for r in sel], [effective_attainment(r) for r in sel]
-        row = {"workload": key[0], "policy": key[1], "num_gpus": sel[0].num_gpus}
-        for t in GOODPUT_TARGETS:
-            g = goodput(rates, att, t)
-            row[f"goodput@{int(t * 100)}"] = round(g, 3)
-            row[f"per_gpu@{int(t * 100)}"] = round(g / sel[0].num_gpus, 3)
-        # capacity: completions / (last finish - first arrival), maximised over rates; at
-        # overload the instances stay busy for the whole run, so this is the served capacity
-        row["capacity_rps"] = round(max(r.completion_rate for r in sel), 3)
-        row["max_throughput_tok_s"] = round(max(r.throughput_tok_s for r in sel), 1)
+        seeds = [
+            _per_seed([r for r in sel if r.seed == s]) for s in dict.fromkeys(r.seed for r in sel)
+        ]
+        row = {
+            "workload": key[0],
+            "policy": key[1],
+            "num_gpus": sel[0].num_gpus,
+            "seeds": len(seeds),
+        }
+        for name in seeds[0]:
+            mean, half = mean_ci([s[name] for s in seeds])
+            row[name] = round(mean, 3)
+            if name.startswith("goodput@"):
+                row[name.replace("goodput", "per_gpu")] = round(mean / sel[0].num_gpus, 3)
+                if len(seeds) > 1:
+                    row[name + "_ci"] = round(half, 3)
         out.append(row)
     return out
 

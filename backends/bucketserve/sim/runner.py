@@ -24,12 +24,9 @@ class Sweep:
     sched_overrides: dict | None = None
     duration_s: float | None = None  # if set, at least rate x duration_s requests per run
 
-    def config_for(self) -> SchedulerConfig | None:
-        if not self.sched_overrides:
-            return None
-        overrides = {"max_num_seqs": self.cluster.max_num_seqs} | self.sched_overrides
-        return SchedulerConfig.with_overrides(
-            overrides, max_model_len=self.workload.max_model_len, block_size=self.cluster.block_size
+    def config_for(self, policy: str = "") -> SchedulerConfig:
+        return self.cluster.scheduler_config(
+            self.workload.max_model_len, self.sched_overrides, policy
         )
 
     def run_one(self, policy: str, rate: float) -> RunMetrics:
@@ -42,10 +39,16 @@ class Sweep:
             make_requests(spec),
             self.cluster,
             self.latency,
-            self.config_for(),
+            self.config_for(policy),
             spec.max_model_len,
         )
-        return summarize(sim.run(), spec.name, rate)
+        m = summarize(sim.run(), spec.name, rate)
+        m.seed = spec.seed
+        return m
+
+    def with_seed(self, seed: int) -> Sweep:
+        """The same grid on another seed's requests."""
+        return replace(self, workload=replace(self.workload, seed=seed))
 
     def run(self, progress=None) -> list[RunMetrics]:
         rows = []
@@ -64,14 +67,18 @@ def parse_rates(text: str) -> tuple[float, ...]:
     return rates
 
 
-def expand_policies(names: Iterable[str], all_policies: tuple[str, ...]) -> tuple[str, ...]:
+def expand_policies(
+    names: Iterable[str], all_policies: tuple[str, ...], known: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """Policy names from comma lists; "all" means all_policies; any of `known` is accepted."""
+    valid = tuple(dict.fromkeys((*all_policies, *known)))
     out: list[str] = []
     for name in names:
         for part in name.split(","):
             if part == "all":
                 out.extend(all_policies)
-            elif part in all_policies:
+            elif part in valid:
                 out.append(part)
             else:
-                raise ValueError(f"policy must be one of {all_policies} or 'all', got {part!r}")
+                raise ValueError(f"policy must be one of {valid} or 'all', got {part!r}")
     return tuple(dict.fromkeys(out))

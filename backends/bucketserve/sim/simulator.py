@@ -13,13 +13,17 @@ import itertools
 from time import perf_counter
 
 from bucketserve.scheduling import ClusterView, PrefillBatch, SchedulerConfig, make_scheduler
+from bucketserve.sim.chunked import ChunkedEngine
 from bucketserve.sim.cluster import ClusterSpec
+from bucketserve.sim.colocated import BulletEngine
 from bucketserve.sim.decode_worker import DecodeWorker, Seq
 from bucketserve.sim.outcome import SimOutcome
+from bucketserve.sim.scls import SclsEngine
 from bucketserve.sim.workers import PrefillWorker, StaticWorker
 from bucketserve.sim.workload import SimRequest
 
 MAX_EVENTS = 20_000_000
+ENGINES = {"bullet": BulletEngine, "chunked": ChunkedEngine, "scls": SclsEngine}
 
 
 class Simulator:
@@ -37,18 +41,16 @@ class Simulator:
         self.now = 0.0
         self.cluster, self.latency = cluster, latency
         self.mode = cluster.mode_for(policy)
-        cfg = sched_config or SchedulerConfig(
-            max_model_len=max_model_len,
-            block_size=cluster.block_size,
-            max_num_seqs=cluster.max_num_seqs,
-        )
+        cfg = sched_config or cluster.scheduler_config(max_model_len, policy=policy)
         self.sched = make_scheduler(policy, cfg, lambda: self.now)
         self.requests = sorted(requests, key=lambda r: r.meta.arrival_s)
         self.by_id = {r.meta.request_id: r for r in self.requests}
         self.out = SimOutcome(policy, self.mode, self.requests, num_gpus=cluster.num_gpus(policy))
         self._heap: list = []
         self._tie = itertools.count()
+        self._stepped: dict[str, list[SimRequest]] = {}
         self._build_workers()
+        self.engine = ENGINES[self.mode](self) if self.mode in ENGINES else None
 
     def _build_workers(self) -> None:
         c, lat = self.cluster, self.latency
@@ -103,6 +105,9 @@ class Simulator:
         self.out.prefill_busy_s = sum(w.busy_s for w in self.prefill)
         self.out.decode_busy_s = sum(w.busy_s for w in (*self.decode, *self.static))
         self.out.preemptions = sum(w.preemptions for w in self.decode)
+        if self.engine is not None:
+            self.out.decode_busy_s = self.engine.busy_s()
+            self.out.preemptions = sum(w.preemptions for w in self.engine.workers)
         self.out.snapshot = self.sched.snapshot().to_dict()
         return self.out
 
@@ -123,7 +128,9 @@ class Simulator:
 
     def _arrive(self, req: SimRequest) -> None:
         self.sched.add(req.meta)
-        if self.mode == "pd":
+        if self.engine is not None:
+            self.engine.on_arrival()
+        elif self.mode == "pd":
             self._dispatch()
         elif self.mode == "aggregated":
             for w in self.decode:
@@ -155,7 +162,7 @@ class Simulator:
         decode = self._workers[batch.decode_id]
         for meta in batch.requests:
             req = self.by_id[meta.request_id]
-            req.first_token_s = self.now
+            req.record_token(self.now)
             decode.in_transit -= 1
             if req.output_len <= 1:
                 req.finish_s = self.now
@@ -177,12 +184,22 @@ class Simulator:
                 seq.source = None
         t = decode.start_step(self.now)
         if t is not None:
+            self._note_step(decode)
             self.push(self.now + t, self._step_done, decode)
         elif (ready := decode.next_ready_s()) is not None and ready > self.now:
             self.push(ready, self._kick, decode)
         return bool(admitted)
 
+    def _note_step(self, decode: DecodeWorker) -> None:
+        """Remember who is in the step just started (the ready sequences) for token times."""
+        self._stepped[decode.instance_id] = [s.req for s in decode.running if s.ready_s <= self.now]
+
+    def _tokens_out(self, decode: DecodeWorker) -> None:
+        for req in self._stepped.pop(decode.instance_id, ()):
+            req.record_token(self.now)
+
     def _step_done(self, decode: DecodeWorker) -> None:
+        self._tokens_out(decode)
         done = decode.finish_step(self.now)
         for seq in done:
             self._finished(seq.req)
@@ -203,15 +220,19 @@ class Simulator:
         w.admit(self.now)
         t = w.start_step(self.now)
         if t is not None:
+            self._note_step(w)
             self.push(self.now + t, self._agg_step_done, w)
 
     def _agg_prefill_done(self, w: DecodeWorker, batch: PrefillBatch, seconds: float) -> None:
+        for meta in batch.requests:
+            self.by_id[meta.request_id].record_token(self.now)
         for seq in w.finish_prefill(self.now):
             self._finished(seq.req)
         self.sched.on_batch_done(batch, seconds)
         self._agg_iterate(w)
 
     def _agg_step_done(self, w: DecodeWorker) -> None:
+        self._tokens_out(w)
         for seq in w.finish_step(self.now):
             self._finished(seq.req)
         self._agg_iterate(w)

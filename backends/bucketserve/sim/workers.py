@@ -89,7 +89,7 @@ class StaticWorker:
         prefill = self.latency.prefill_time([r.meta.prompt_len for r in reqs], True)
         t = now + prefill
         for r in reqs:
-            r.first_token_s = t
+            r.record_token(t)
         remaining = sorted(reqs, key=lambda r: r.output_len)
         produced = 1
         while remaining and remaining[0].output_len <= produced:
@@ -97,6 +97,8 @@ class StaticWorker:
         while remaining:
             t += self.latency.decode_time(n, n * (longest + produced))
             produced += 1
+            for r in remaining:
+                r.record_token(t)
             while remaining and remaining[0].output_len <= produced:
                 remaining.pop(0).finish_s = t
         self.busy_s += t - now

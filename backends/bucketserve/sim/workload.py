@@ -87,6 +87,31 @@ class SimRequest:
     finish_s: float = math.nan
     preemptions: int = 0
     extra: dict = field(default_factory=dict)
+    last_token_s: float = math.nan
+    # gaps between output tokens, counted against the request's TPOT SLO as they happen (a
+    # per-token tail SLO needs only these counts, not every gap)
+    num_gaps: int = 0
+    num_slow_gaps: int = 0
+    max_gap_s: float = 0.0
+
+    def record_token(self, now: float) -> None:
+        """One output token exists at `now` (the first one sets first_token_s)."""
+        last = self.last_token_s
+        if last == last:  # not nan: a gap since the previous token
+            gap = now - last
+            self.num_gaps += 1
+            if gap > self.meta.tpot_slo_s:
+                self.num_slow_gaps += 1
+            if gap > self.max_gap_s:
+                self.max_gap_s = gap
+        elif self.first_token_s != self.first_token_s:
+            self.first_token_s = now
+        self.last_token_s = now
+
+    def tail_gap_ok(self, q: float = 0.9) -> bool:
+        """The q-quantile (nearest rank) of its gaps is within the TPOT SLO: at most
+        n - ceil(q n) gaps are slower than it."""
+        return self.num_slow_gaps <= self.num_gaps - math.ceil(q * self.num_gaps - 1e-9)
 
 
 def arrival_times(

@@ -41,7 +41,7 @@ def test_decode_groups_split_only_when_it_pays():
     assert plan_decode_groups([100, 100, 100, 100, 20], 4) == [[0, 1, 2, 3, 4]]  # saves < 25%
 
 
-@pytest.mark.parametrize("lens", [[3, 1, 6], [300, 2, 129]])  # > 128: chunked on CPU
+@pytest.mark.parametrize("lens", [[3, 1, 6], [300, 2, 129], [5, 5], [7, 40, 33, 41, 1, 60]])
 def test_packed_prefill_is_causal_per_sequence(lens):
     gen = torch.Generator().manual_seed(1)
     total = sum(lens)
@@ -58,6 +58,26 @@ def test_packed_prefill_is_causal_per_sequence(lens):
         ).transpose(0, 1)  # fmt: skip
         torch.testing.assert_close(out[sl], ref, rtol=1e-5, atol=1e-5)
         start += n
+
+
+def test_prefill_is_one_4d_sdpa_call_per_length_group(monkeypatch):
+    """Fused SDPA kernels need 4-D input; 3-D runs the O(n^2)-memory math kernel. A batch of
+    similar lengths is one padded call, not one call per sequence."""
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        calls.append((q.dim(), k.dim(), q.shape[0]))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    lens = [40, 37, 33, 45, 30, 41, 39, 44]
+    total = sum(lens)
+    q, k, v = (torch.randn(total, n, D) for n in (H, KVH, KVH))
+    meta = AttentionMetadata(is_prefill=True, slot_mapping=torch.arange(total), seq_lens=lens,
+                             max_seqlen=max(lens))  # fmt: skip
+    SdpaBackend().prefill(q, k, v, meta, scale=0.3)
+    assert calls == [(4, 4, len(lens))]
 
 
 def test_store_kv_writes_flat_slots():

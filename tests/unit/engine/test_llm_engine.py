@@ -42,6 +42,7 @@ def test_preemption_under_block_pressure_keeps_outputs(runner):
     try:
         engine = LLMEngine(EngineConfig(model="dummy:tiny", device="cpu"), runner=small)
         assert engine.generate(PROMPTS, GREEDY) == reference
+        assert engine.num_preemptions > 0 and engine.num_recomputed_tokens > 0
         assert engine.block_manager.num_free_blocks == 14
     finally:
         small.close()

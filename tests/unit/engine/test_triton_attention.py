@@ -1,4 +1,5 @@
-"""Triton paged-decode kernel, interpreted on CPU (TRITON_INTERPRET=1), against SDPA."""
+"""Triton kernels (paged decode, fused element-wise), interpreted on CPU (TRITON_INTERPRET=1),
+against SDPA and the torch references."""
 
 from __future__ import annotations
 
@@ -25,8 +26,12 @@ def test_interpreted_kernel_matches_sdpa():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(result["kernel"]) == 3 and max(result["kernel"]) < 1e-5, result
-    assert result["runner"] < 1e-5, result
+    assert len(result["kernel"]) == 4 and max(result["kernel"]) < 1e-5, result
+    assert len(result["elementwise"]) == 3, result
+    assert max(result["elementwise"].values()) < 1e-5, result
+    assert result["runner"]["err"] < 1e-5, result
+    # attention='triton': fused element-wise kernels and the static decode step took part
+    assert result["runner"]["paths"][0] == ["triton", True], result
 
 
 def test_triton_needs_cuda_or_the_interpreter(monkeypatch):

@@ -18,7 +18,7 @@ def make(policy: str, clock, **kw):
 
 def test_unknown_policy_names_valid_ones(clock):
     with pytest.raises(ValueError, match="policy.*bucketserve\\+"):
-        make_scheduler("sjf", CFG, clock)
+        make_scheduler("lifo", CFG, clock)
     assert POLICIES == ("static", "fcfs", "distserve", "bucketserve", "bucketserve+")
 
 

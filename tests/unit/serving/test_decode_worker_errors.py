@@ -11,7 +11,8 @@ from bucketserve.engine.sampler import SampleOutput
 from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.engine.sequence import Sequence
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.decode_worker import DecodeWorker, Stream
+from bucketserve.serving.decode_stream import Stream
+from bucketserve.serving.decode_worker import DecodeWorker
 from bucketserve.serving.handoff import KIND_GENERATE, Handoff
 
 

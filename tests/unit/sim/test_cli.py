@@ -25,7 +25,7 @@ def test_cli_writes_table_csv_and_plots(tmp_path, capsys):
 
 
 def test_cli_rejects_bad_policy(capsys):
-    assert main(["--policy", "sjf"]) == 2
+    assert main(["--policy", "lifo"]) == 2
     assert "policy" in capsys.readouterr().err
 
 
@@ -46,3 +46,13 @@ def test_cli_scheduler_overrides_change_the_run(tmp_path):
 def test_cli_rejects_bad_scheduler_overrides(capsys):
     assert main(["--policy", "bucketserve", "--scheduler", '{"bogus": 1}']) == 2
     assert "bogus" in capsys.readouterr().err
+
+
+def test_cli_seeds_give_confidence_intervals(tmp_path):
+    out = tmp_path / "out"
+    argv = ["--workload", "alpaca", "--policy", "sjf", "--rates", "4,8", "--num-requests", "30",
+            "--duration", "0", "--seeds", "3", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    (row,) = list(csv.DictReader((out / "goodput.csv").open()))
+    assert row["seeds"] == "3" and "goodput@90_ci" in row
+    assert len(list(csv.DictReader((out / "results.csv").open()))) == 3 * 2

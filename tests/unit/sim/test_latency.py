@@ -11,8 +11,8 @@ from bucketserve.sim.latency import FittedLatency
 
 def test_llama2_13b_shapes_and_pool():
     assert LLAMA2_13B.kv_bytes_per_token == 819_200
-    # 0.9 x 40 GB - 26.03 GB weights = 9.97 GB -> / (16 x 819,200) = 760 blocks
-    assert kv_pool_blocks(A100_40GB, LLAMA2_13B, 16) == 760
+    # 0.9 x 40 GiB - 26.03 GB weights = 12.62 GB -> / (16 x 819,200) = 963 blocks
+    assert kv_pool_blocks(A100_40GB, LLAMA2_13B, 16) == 963
 
 
 def test_roofline_regimes(latency):
@@ -61,3 +61,15 @@ def test_fitted_model_from_engine_bench_lines(tmp_path):
     assert fit.decode_time(4, 4 * 700) == pytest.approx(1e-7 * 2800 + 8e-4 + 7e-4 + 0.02, rel=1e-3)
     with pytest.raises(ValueError, match="prefill"):
         FittedLatency.from_rows(rows[:2], 819_200)
+
+
+def test_two_points_fit_the_reduced_forms():
+    rows = []
+    for batch in (1, 16):  # what engine_bench measures by default on CPU: batch 1 and 16 at 128
+        rows.append({"phase": "prefill", "batch": batch, "prompt_len": 128,
+                     "tokens_per_s": batch * 128 / (2e-3 * batch * 128 + 0.05)})  # fmt: skip
+        rows.append({"phase": "decode", "batch": batch, "prompt_len": 128,
+                     "tokens_per_s": batch / (0.03 + 0.001 * batch)})  # fmt: skip
+    fit = FittedLatency.from_rows(rows, 46_080)
+    assert fit.prefill_time([100, 50]) == pytest.approx(2e-3 * 150 + 0.05, rel=1e-6)
+    assert fit.decode_time(8, 8 * 500) == pytest.approx(0.03 + 0.008, rel=1e-6)

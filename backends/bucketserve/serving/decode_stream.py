@@ -1,0 +1,44 @@
+"""The decode worker's per-request state and the text deltas it hands to the sender thread."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from bucketserve.serving.detok import TextStream
+from bucketserve.serving.handoff import Handoff
+
+
+@dataclass(slots=True)
+class Delta:
+    """Text produced for one request since the last delta; `finish_reason` set on the last."""
+
+    key: int
+    text: str
+    num_output_tokens: int
+    finish_reason: str = ""
+    error: str = ""
+    first_token_s: float = 0.0  # wall time of the first token (set on the first delta)
+    admitted_s: float = 0.0  # wall time the KV was pulled
+    busy: bool = False  # the error is about capacity (server busy), not the request
+    logprobs: list[dict] = field(default_factory=list)  # per token, when the request asked
+
+
+@dataclass(slots=True, eq=False)
+class Stream:
+    """Decode-side state of one request. `seq` is None until its KV is pulled (or it is
+    detached from its hand-off); `recompute` marks a sequence whose KV must be rebuilt here."""
+
+    key: int
+    handoff: Handoff
+    seq: object = None
+    text: TextStream | None = None
+    num_output: int = 0
+    queued_s: float = field(default_factory=time.monotonic)
+    recompute: bool = False
+    done: bool = False
+    logprobs: list[dict] = field(default_factory=list)  # not yet handed to the sender
+
+    def take_logprobs(self) -> list[dict]:
+        out, self.logprobs = self.logprobs, []
+        return out

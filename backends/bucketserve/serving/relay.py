@@ -1,0 +1,143 @@
+"""ResponseRelay: the decode side's request table, Triton-free (send functions injected).
+
+It maps the decode worker's text deltas back to each request's response sender: streaming
+requests get one response per delta batch, the others one response at the end; the prompt is
+echoed when asked; every request ends with exactly one FINAL (text, or error with busy flag).
+Stops are keyed by the user's request id; a stop that overtakes its request (still in
+prefill) is remembered for EARLY_STOP_TTL_S and applied when the request arrives.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bucketserve.serving.decode_stream import Delta
+from bucketserve.serving.handoff import Handoff
+
+EARLY_STOP_TTL_S = 60.0
+
+
+@dataclass(slots=True)
+class Client:
+    """The Triton side of one request: where its responses go and what it asked for."""
+
+    sender: object
+    handoff: Handoff
+    buffer: str = ""
+    first_token_s: float = 0.0
+    echoed: bool = False
+    logprobs: list[dict] = field(default_factory=list)  # buffered with `buffer`
+    cum_logprob: float = 0.0
+
+    def take_logprobs(self) -> tuple[list[dict], float]:
+        out, self.logprobs = self.logprobs, []
+        return out, self.cum_logprob
+
+
+class ResponseRelay:
+    """`send(sender, text, reason, n_in, n_out, final, logprobs)`, `send_error(sender, message, busy)`,
+    `on_final(delta, client)` (finish notice, metrics) are injected."""
+
+    def __init__(self, worker, send: Callable, send_error: Callable, on_final: Callable) -> None:
+        self.worker, self.send, self.send_error, self.on_final = worker, send, send_error, on_final
+        self.clients: dict[int, Client] = {}
+        self.by_request_id: dict[str, int] = {}
+        self.early_stops: dict[str, float] = {}  # request id -> when its stop arrived
+        self.lock = threading.Lock()
+        self.keys = itertools.count()
+
+    def start(self, sender, handoff: Handoff) -> None:
+        key = next(self.keys)
+        rid = handoff.params.request_id
+        with self.lock:
+            self.clients[key] = Client(sender, handoff)
+            if rid:
+                self.by_request_id[rid] = key
+            stopped_early = self.early_stops.pop(rid, None) is not None if rid else False
+        self.worker.submit(key, handoff)
+        if stopped_early:
+            self.worker.cancel(key)
+
+    def stop(self, request_id: str) -> None:
+        """Cancel a running request; a stop that overtakes its request (still in prefill) waits."""
+        with self.lock:
+            key = self.by_request_id.get(request_id)
+            if key is None and request_id:
+                now = time.monotonic()
+                self.early_stops = {
+                    r: t for r, t in self.early_stops.items() if now - t < EARLY_STOP_TTL_S
+                }
+                self.early_stops[request_id] = now
+        if key is not None:
+            self.worker.cancel(key)
+
+    def cancel_gone(self) -> None:
+        """Cancel requests whose client went away (non-streaming ones too)."""
+        with self.lock:
+            clients = list(self.clients.items())
+        for key, client in clients:
+            if client.sender.is_cancelled():
+                self.worker.cancel(key)
+
+    def deliver(self, deltas: list[Delta]) -> bool:
+        """Send what each request produced; True when some request finished."""
+        finished = False
+        for d in deltas:
+            with self.lock:
+                client = self.clients.get(d.key)
+            if client is None:
+                continue
+            if d.first_token_s:
+                client.first_token_s = d.first_token_s
+            p = client.handoff.params
+            text = d.text
+            if not client.echoed and p.prompt_text:
+                text, client.echoed = p.prompt_text + text, True
+            client.logprobs += d.logprobs
+            client.cum_logprob += sum(next(iter(e.values()))["logprob"] for e in d.logprobs)
+            if not d.finish_reason and not p.stream:
+                client.buffer += text
+                continue
+            text, client.buffer = client.buffer + text, ""
+            if d.finish_reason:
+                self.complete(d, client, text)
+                finished = True
+            else:
+                self.send(client.sender, text, "", p.num_input_tokens, d.num_output_tokens, False,
+                          client.take_logprobs())  # fmt: skip
+                if client.sender.is_cancelled():
+                    self.worker.cancel(d.key)
+        return finished
+
+    def complete(self, d: Delta, client: Client, text: str) -> None:
+        p = client.handoff.params
+        with self.lock:
+            self.clients.pop(d.key, None)
+            if self.by_request_id.get(p.request_id) == d.key:
+                del self.by_request_id[p.request_id]
+        if d.error:
+            self.send_error(client.sender, d.error, d.busy)
+        else:
+            self.send(client.sender, text, d.finish_reason, p.num_input_tokens,
+                      d.num_output_tokens, True, client.take_logprobs())  # fmt: skip
+        self.on_final(d, client)
+
+
+def merge(items: list[Delta]) -> list[Delta]:
+    """One delta per request: texts concatenated, the latest counts and finish reason kept."""
+    merged: dict[int, Delta] = {}
+    for d in items:
+        prev = merged.get(d.key)
+        if prev is None:
+            merged[d.key] = d
+            continue
+        prev.text += d.text
+        prev.num_output_tokens = d.num_output_tokens
+        prev.finish_reason, prev.error, prev.busy = d.finish_reason, d.error, d.busy
+        prev.first_token_s = prev.first_token_s or d.first_token_s
+        prev.logprobs += d.logprobs
+    return list(merged.values())

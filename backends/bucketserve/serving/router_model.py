@@ -1,0 +1,105 @@
+"""`decode_router`: the ensemble's decode step when there are several decode instances.
+
+A Triton ensemble names its steps statically, so it cannot send a request to the decode
+instance the scheduler chose. This decoupled model reads the hand-off's `decode_index` and
+relays the stream of `decode_<index>` (BLS, one thread per request). `bucketserve_bls` uses the
+same helpers to call the chosen instance directly.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.contract import OUTPUT_NAMES
+from bucketserve.serving.handoff import KIND_GENERATE, KIND_STOP, Handoff
+from bucketserve.serving.triton_io import model_parameter
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+OUTPUTS = list(OUTPUT_NAMES)
+
+
+class StepError(RuntimeError):
+    """An error response of a called model, with its Triton error (and code) kept."""
+
+    def __init__(self, error) -> None:
+        super().__init__(error.message())
+        self.error = error
+
+
+def decode_stream(index: int, handoff_bytes: np.ndarray):
+    """The non-empty responses of `decode_<index>` for one hand-off; StepError on an error."""
+    request = pb_utils.InferenceRequest(
+        model_name=f"decode_{index}",
+        inputs=[pb_utils.Tensor("_handoff", handoff_bytes)],
+        requested_output_names=OUTPUTS,
+    )
+    for resp in request.exec(decoupled=True):
+        if resp.has_error():
+            raise StepError(resp.error())
+        if resp.output_tensors():
+            yield resp
+
+
+def is_final(resp) -> bool:
+    reason = pb_utils.get_output_tensor_by_name(resp, "finish_reason")
+    return reason is not None and bool(reason.as_numpy().reshape(-1)[0])
+
+
+def relay(index: int, handoff_bytes: np.ndarray, sender, wrap=None) -> None:
+    """Forward decode_<index>'s stream to `sender`, ending with exactly one FINAL; `wrap`
+    reshapes each output tensor (a TensorRT-LLM-shaped entry model adds the batch dimension)."""
+    try:
+        for resp in decode_stream(index, handoff_bytes):
+            final = is_final(resp)
+            outputs = [wrap(t) for t in resp.output_tensors()] if wrap else resp.output_tensors()
+            sender.send(
+                pb_utils.InferenceResponse(output_tensors=outputs),
+                flags=FINAL if final else 0,
+            )
+            if final:
+                return
+        sender.send(flags=FINAL)
+    except StepError as e:
+        sender.send(pb_utils.InferenceResponse(error=e.error), flags=FINAL)
+
+
+def broadcast_stop(indices, handoff_bytes: np.ndarray) -> None:
+    """A stop names a request, not an instance: each decode instance gets it (cheap)."""
+    for index in indices:
+        for _ in decode_stream(index, handoff_bytes):
+            pass
+
+
+class RouterModel:
+    """Triton lifecycle: each request is relayed on its own thread."""
+
+    def initialize(self, args: dict) -> None:
+        cfg = ServeConfig.read(model_parameter(args, "run_config"))
+        self.num_decode = len(cfg.decode_devices)
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            threading.Thread(target=self.route, args=(request,), daemon=True).start()
+        return None
+
+    def route(self, request) -> None:
+        sender = request.get_response_sender()
+        try:
+            raw = pb_utils.get_input_tensor_by_name(request, "_handoff").as_numpy()
+            handoff = Handoff.from_json(raw.reshape(-1)[0])
+            if handoff.kind == KIND_STOP:  # decode_0 answers it below
+                broadcast_stop(range(1, self.num_decode), raw)
+            index = handoff.decode_index if handoff.kind == KIND_GENERATE else 0
+            relay(index, raw, sender)
+        except Exception as e:  # every request still gets its FINAL
+            sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(f"decode_router: {e}")),
+                flags=FINAL,
+            )
+
+    def finalize(self) -> None:
+        return None

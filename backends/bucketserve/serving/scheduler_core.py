@@ -1,0 +1,216 @@
+"""SchedulerCore: the scheduler model's logic without Triton (queue, placement, parallel prefill).
+
+One decision thread asks the scheduling policy for the next batch, offering only the prefill
+instances that are idle; the batch goes to that instance's dispatcher thread, which makes the
+(blocking) prefill call and hands each request on, with the decode instance the policy chose.
+So N prefill instances run up to N batches at once, and the policy's view of each instance is
+exact: an instance is offered again only after its batch returned and its stats are current.
+Triton I/O is injected: `prefill(index, items)`, `send_handoff(sender, handoff)`,
+`send_error(sender, message, busy)`; `metrics` has decision/batch/placed methods.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bucketserve.scheduling import ClusterView, PrefillBatch, RequestMeta
+from bucketserve.scheduling.memory import capacity_message
+from bucketserve.serving.contract import GenerateParams
+from bucketserve.serving.handoff import KIND_CANCELLED, KIND_GENERATE, KIND_STOP, Handoff
+
+ERROR_BACKOFF_S = 0.5  # after an unexpected error, before the loop tries again
+IDLE_WAIT_S = 0.005
+METRICS_INTERVAL_S = 0.5
+
+log = logging.getLogger(__name__)
+
+
+class Busy(RuntimeError):
+    """The server cannot take this request now; the client should retry (HTTP 503)."""
+
+
+@dataclass(slots=True)
+class Waiting:
+    """A request held here until its prefill batch has run."""
+
+    sender: object
+    ids: list[int]
+    params: GenerateParams
+    arrival_s: float  # wall clock, for latency metrics downstream
+
+
+def instance_index(instance_id: str) -> int:
+    """ "prefill1" -> 1, "decode0" -> 0 (ClusterStats names instances role + index)."""
+    return int(instance_id.lstrip("abcdefghijklmnopqrstuvwxyz"))
+
+
+class SchedulerCore:
+    """Owns the waiting table and the threads; every policy call happens under `cond`."""
+
+    def __init__(self, sched, view: Callable[[], ClusterView | None], prefill, send_handoff,
+                 send_error, num_prefill: int, metrics) -> None:  # fmt: skip
+        self.sched, self.view, self.prefill = sched, view, prefill
+        self.send_handoff, self.send_error, self.metrics = send_handoff, send_error, metrics
+        self.waiting: dict[str, Waiting] = {}
+        self.by_user_id: dict[str, str] = {}
+        self.fresh: list[str] = []  # keys not yet checked against the decode pools' size
+        self.busy: set[str] = set()  # prefill instances with a batch in flight
+        self.next_key = 0
+        self.decision_s, self.next_metrics = 0.0, 0.0
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.jobs = [queue.Queue() for _ in range(num_prefill)]
+        self.threads = [threading.Thread(target=self.loop, name="scheduler-loop", daemon=True)]
+        self.threads += [
+            threading.Thread(target=self.dispatch_loop, args=(i,), name=f"prefill-{i}", daemon=True)
+            for i in range(num_prefill)
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    # ---- requests in --------------------------------------------------------------------
+    def add(self, sender, ids: list[int], params: GenerateParams) -> None:
+        """Queue a request. Admission control (a bounded queue raising Busy) belongs here."""
+        with self.cond:
+            key = str(self.next_key)
+            self.next_key += 1
+            meta = RequestMeta(key, len(ids), params.max_tokens, time.monotonic(),
+                               params.slo_class, params.ttft_slo_s, params.tpot_slo_s)  # fmt: skip
+            try:
+                self.sched.add(meta)
+            except ValueError as e:
+                self.send_error(sender, f"scheduler: {e}", False)
+                return
+            self.waiting[key] = Waiting(sender, ids, params, time.time())
+            self.fresh.append(key)
+            if params.request_id:
+                self.by_user_id[params.request_id] = key
+            self.cond.notify()
+
+    def stop(self, sender, params: GenerateParams) -> None:
+        """`stop: true` + request_id: drop it here if still queued, and tell decode to stop it."""
+        with self.cond:
+            key = self.by_user_id.pop(params.request_id, None)
+            item = self.waiting.pop(key, None) if key and self.sched.cancel(key) else None
+        if item is not None:
+            self.send_handoff(item.sender, Handoff(KIND_CANCELLED, item.params))
+        self.send_handoff(sender, Handoff(KIND_STOP, params, target=params.request_id))
+
+    def finished(self, key: str, num_output_tokens: int) -> None:
+        """Decode reported the request done: release its decode-side reservation."""
+        with self.cond:
+            self.sched.on_request_finished(key, num_output_tokens)
+            self.cond.notify()
+
+    # ---- decisions ----------------------------------------------------------------------
+    def loop(self) -> None:
+        while True:
+            try:
+                with self.cond:
+                    if self.stopping:
+                        return
+                    picked = self.next_batch()
+                    if picked is None:
+                        self.cond.wait(IDLE_WAIT_S)
+                        continue
+                    self.busy.add(picked[0].prefill_id)
+                self.jobs[instance_index(picked[0].prefill_id)].put(picked)
+            except Exception:  # the loop must outlive any one bad iteration
+                log.exception("scheduler loop")
+                time.sleep(ERROR_BACKOFF_S)
+
+    def next_batch(self) -> tuple[PrefillBatch, list[Waiting]] | None:
+        view = self.view() if self.waiting else None
+        if view is None:
+            return None
+        self.reject_unfittable(view)
+        view.prefill = [p for p in view.prefill if p.instance_id not in self.busy]
+        if not view.prefill or not self.waiting:
+            return None
+        t0 = time.perf_counter()
+        batch = self.sched.next_batch(view)
+        self.decision_s += time.perf_counter() - t0
+        if batch is not None or time.monotonic() >= self.next_metrics:
+            self.metrics.decision(self.decision_s, self.sched.snapshot())
+            self.decision_s, self.next_metrics = 0.0, time.monotonic() + METRICS_INTERVAL_S
+        if batch is None:
+            return None
+        items = [self.waiting.pop(m.request_id) for m in batch.requests]
+        for item in items:
+            if item.params.request_id:
+                self.by_user_id.pop(item.params.request_id, None)
+        return batch, items
+
+    def reject_unfittable(self, view: ClusterView) -> None:
+        """A request whose prompt + max_tokens exceeds every decode pool can never run: it
+        ends now with a busy error instead of waiting forever."""
+        limit = max((d.total_blocks * d.block_size for d in view.decode), default=0)
+        fresh, self.fresh = self.fresh, []
+        for key in fresh:
+            item = self.waiting.get(key)
+            if item is None or len(item.ids) + item.params.max_tokens <= limit:
+                continue
+            self.sched.cancel(key)
+            del self.waiting[key]
+            self.by_user_id.pop(item.params.request_id, None)
+            message = capacity_message(len(item.ids), item.params.max_tokens, limit)
+            self.send_error(item.sender, message, True)
+
+    # ---- dispatch -----------------------------------------------------------------------
+    def dispatch_loop(self, index: int) -> None:
+        while (job := self.jobs[index].get()) is not None:
+            batch, items = job
+            try:
+                self.run_batch(index, batch, items)
+            except Exception:
+                log.exception("prefill dispatch")
+            finally:
+                with self.cond:
+                    self.busy.discard(batch.prefill_id)
+                    self.cond.notify()
+
+    def run_batch(self, index: int, batch: PrefillBatch, items: list[Waiting]) -> None:
+        start = time.perf_counter()
+        try:
+            reply = self.prefill(index, items)
+        except Exception as e:
+            with self.cond:
+                for meta in batch.requests:
+                    self.sched.on_request_finished(meta.request_id, 0)
+            for item in items:
+                self.send_error(item.sender, str(e), False)
+            return
+        duration = time.perf_counter() - start
+        with self.cond:
+            self.sched.on_batch_done(batch, duration)
+        self.metrics.batch(len(items), batch.padding_ratio, duration)
+        self.metrics.placed(batch.prefill_id, batch.decode_id, batch.size)
+        done, decode_index = time.time(), instance_index(batch.decode_id)
+        for item, res, meta in zip(items, reply.results, batch.requests, strict=True):
+            self.send_handoff(item.sender, Handoff(
+                KIND_GENERATE, item.params, prompt_ids=item.ids, first_token=res.first_token,
+                prefill_index=reply.index, decode_index=decode_index, pool=reply.pool,
+                handoff_table=reply.handoff_table, handoff_id=res.handoff_id,
+                block_ids=res.block_ids, arrival_s=item.arrival_s, prefill_done_s=done,
+                sched_key=meta.request_id, first_logprob=res.logprob,
+            ))  # fmt: skip
+
+    def close(self) -> list[Waiting]:
+        """Stop the threads; returns the requests still queued (the caller answers them)."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+            pending = list(self.waiting.values())
+            self.waiting.clear()
+        for jobs in self.jobs:
+            jobs.put(None)
+        for t in self.threads:
+            t.join()
+        return pending

@@ -1,0 +1,3 @@
+"""Triton entry point; all logic lives in bucketserve.serving.router_model."""
+
+from bucketserve.serving.router_model import RouterModel as TritonPythonModel  # noqa: F401

@@ -1,0 +1,148 @@
+"""The decode worker under KV pressure: on-demand growth, preemption with recompute, detached
+hand-offs, and a busy error only for a request that can never fit."""
+
+from __future__ import annotations
+
+import queue
+from types import SimpleNamespace
+
+import pytest
+from bucketserve.engine.block_manager import BlockManager
+from bucketserve.engine.sampler import SampleOutput
+from bucketserve.engine.sampling_params import SamplingParams
+from bucketserve.serving import decode_worker as dw
+from bucketserve.serving.contract import GenerateParams
+from bucketserve.serving.decode_worker import DecodeWorker
+from bucketserve.serving.handoff import KIND_GENERATE, Handoff
+from bucketserve.serving.kv_intake import KvIntake
+
+
+def next_token(ids: list[int]) -> int:
+    """A deterministic 'model': the next token depends on the whole context, so a recompute
+    that lost or reordered any token would change every later token."""
+    return 3 + (sum(i * (k + 1) for k, i in enumerate(ids)) % 40)
+
+
+class ContextRunner:
+    """Greedy fake engine; checks that every step sees KV blocks for every stored token."""
+
+    model_config = SimpleNamespace(eos_token_ids=(2,))
+    pool, device = None, "cpu"
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.prefills = 0
+
+    def _check(self, seq) -> None:
+        assert len(seq.block_table) * self.block_size >= seq.num_tokens, "KV slot missing"
+
+    def prefill(self, seqs):
+        self.prefills += 1
+        for s in seqs:
+            self._check(s)
+        return [next_token(s.token_ids) for s in seqs]
+
+    def decode(self, seqs):
+        for s in seqs:
+            self._check(s)
+        return [next_token(s.token_ids) for s in seqs]
+
+    def prefill_sampled(self, seqs):
+        return SampleOutput(self.prefill(seqs), [None] * len(seqs))
+
+    def decode_sampled(self, seqs):
+        return SampleOutput(self.decode(seqs), [None] * len(seqs))
+
+
+class Words:
+    """Detokenizer stand-in: one word per token."""
+
+    def __init__(self, tokenizer, stop_words) -> None:
+        pass
+
+    def push(self, token: int):
+        return f"{token} ", False
+
+    def flush(self) -> str:
+        return ""
+
+
+@pytest.fixture(autouse=True)
+def no_shared_memory(monkeypatch):
+    """Hand-offs without a prefill instance: the copy and the ack always succeed."""
+    monkeypatch.setattr(dw, "TextStream", Words)
+    monkeypatch.setattr(KvIntake, "copy", lambda self, h, table: None)
+    monkeypatch.setattr(KvIntake, "ack", lambda self, h: True)
+
+
+def handoff(prompt: list[int], max_tokens: int) -> Handoff:
+    params = GenerateParams(
+        sampling=SamplingParams(max_tokens=max_tokens), num_input_tokens=len(prompt)
+    )
+    return Handoff(KIND_GENERATE, params, prompt_ids=prompt, first_token=next_token(prompt),
+                   block_ids=list(range(-(-len(prompt) // 4))))  # fmt: skip
+
+
+def run(num_blocks: int, prompts: list[list[int]], max_tokens: int, timeout_s: float = 30.0):
+    blocks, outbox = BlockManager(num_blocks, 4), queue.Queue()
+    worker = DecodeWorker(ContextRunner(4), blocks, None, None, outbox, timeout_s, watermark=0.0)
+    worker.publish = lambda: None
+    for key, prompt in enumerate(prompts):
+        worker.submit(key, handoff(prompt, max_tokens))
+    texts: dict[int, str] = {}
+    finals = {}
+    for _ in range(10_000):
+        worker.iterate()
+        while not outbox.empty():
+            d = outbox.get_nowait()
+            texts[d.key] = texts.get(d.key, "") + d.text
+            if d.finish_reason:
+                finals[d.key] = d
+        if len(finals) == len(prompts):
+            break
+    return worker, blocks, texts, finals
+
+
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [21, 22, 23, 24, 25, 26, 27], [31]]
+
+
+def test_small_pool_preempts_and_recomputes_with_identical_output():
+    _, _, reference, ref_finals = run(64, PROMPTS, max_tokens=12)
+    worker, blocks, texts, finals = run(9, PROMPTS, max_tokens=12)  # 4 x up to 5 blocks each
+    assert worker.num_preemptions > 0 and worker.num_recomputed_tokens > 0
+    assert texts == reference
+    assert {k: (d.finish_reason, d.num_output_tokens) for k, d in finals.items()} == {
+        k: ("length", 12) for k in range(4)
+    }
+    assert blocks.num_free_blocks == 9 and ref_finals.keys() == finals.keys()
+
+
+def test_request_that_can_never_fit_gets_a_busy_error_others_run():
+    worker, blocks, texts, finals = run(4, [[1, 2, 3], [4, 5, 6]], max_tokens=30)
+    assert all(
+        d.busy and "exceeds the decode KV cache (16 tokens)" in d.error for d in finals.values()
+    )
+    worker, blocks, texts, finals = run(8, [[1, 2, 3], list(range(3, 40))], max_tokens=4)
+    assert finals[0].finish_reason == "length" and not finals[0].busy
+    assert finals[1].busy and finals[1].finish_reason == "error"
+    assert blocks.num_free_blocks == 8
+
+
+def test_stale_handoff_is_detached_and_recomputed_not_failed():
+    """With a zero hand-off timeout every waiting hand-off is detached at once: the first
+    token goes out, the prefill blocks are given back, and decode rebuilds the KV itself."""
+    _, _, reference, _ = run(64, PROMPTS, max_tokens=6)
+    worker, blocks, texts, finals = run(64, PROMPTS, max_tokens=6, timeout_s=0.0)
+    assert worker.runner.prefills >= 1 and worker.num_recomputed_tokens > 0
+    assert texts == reference and all(d.finish_reason == "length" for d in finals.values())
+    assert blocks.num_free_blocks == 64
+
+
+def test_decode_batch_cap():
+    blocks, outbox = BlockManager(64, 4), queue.Queue()
+    worker = DecodeWorker(ContextRunner(4), blocks, None, None, outbox, 30.0, max_batch=2)
+    worker.publish = lambda: None
+    for key, prompt in enumerate(PROMPTS):
+        worker.submit(key, handoff(prompt, 50))
+    worker.iterate()
+    assert len(worker.running) == 2 and len(worker.waiting) == 2

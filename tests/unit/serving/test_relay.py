@@ -1,0 +1,82 @@
+"""ResponseRelay without Triton: streaming vs buffered, echo, one FINAL, busy errors, stops."""
+
+from __future__ import annotations
+
+from bucketserve.serving.contract import GenerateParams
+from bucketserve.serving.decode_stream import Delta
+from bucketserve.serving.handoff import KIND_GENERATE, Handoff
+from bucketserve.serving.relay import ResponseRelay, merge
+
+
+class Sender:
+    def __init__(self, cancelled: bool = False) -> None:
+        self.sent: list[tuple] = []
+        self.cancelled = cancelled
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.submitted, self.cancelled = [], []
+
+    def submit(self, key, handoff) -> None:
+        self.submitted.append(key)
+
+    def cancel(self, key) -> None:
+        self.cancelled.append(key)
+
+
+def make():
+    worker, finals = Worker(), []
+
+    def send(sender, text, reason, n_in, n_out, final, logprobs=None):
+        sender.sent.append(("ok", text, reason, n_out, final))
+
+    def send_error(sender, message, busy):
+        sender.sent.append(("error", message, busy))
+
+    relay = ResponseRelay(worker, send, send_error, lambda d, c: finals.append(d.key))
+    return relay, worker, finals
+
+
+def handoff(**params) -> Handoff:
+    return Handoff(KIND_GENERATE, GenerateParams(num_input_tokens=3, **params))
+
+
+def test_streaming_sends_each_delta_and_one_final():
+    relay, worker, finals = make()
+    s = Sender()
+    relay.start(s, handoff(stream=True, request_id="r1"))
+    relay.deliver([Delta(0, "Hel", 1)])
+    relay.deliver(merge([Delta(0, "lo", 2), Delta(0, "!", 3, "stop")]))
+    assert s.sent == [("ok", "Hel", "", 1, False), ("ok", "lo!", "stop", 3, True)]
+    assert finals == [0] and relay.clients == {} and relay.by_request_id == {}
+
+
+def test_non_streaming_buffers_and_echoes_the_prompt():
+    relay, _, _ = make()
+    s = Sender()
+    relay.start(s, handoff(stream=False, prompt_text="Q: "))
+    relay.deliver([Delta(0, "a", 1)])
+    relay.deliver([Delta(0, "b", 2, "length")])
+    assert s.sent == [("ok", "Q: ab", "length", 2, True)]
+
+
+def test_busy_error_keeps_its_flag():
+    relay, _, finals = make()
+    s = Sender()
+    relay.start(s, handoff())
+    relay.deliver([Delta(0, "", 0, "error", "server busy: ...", busy=True)])
+    assert s.sent == [("error", "server busy: ...", True)] and finals == [0]
+
+
+def test_stop_before_arrival_cancels_on_arrival_and_gone_clients_are_cancelled():
+    relay, worker, _ = make()
+    relay.stop("late")
+    relay.start(Sender(), handoff(request_id="late"))
+    assert worker.cancelled == [0]
+    relay.start(Sender(cancelled=True), handoff(request_id="gone"))
+    relay.cancel_gone()
+    assert worker.cancelled == [0, 1]

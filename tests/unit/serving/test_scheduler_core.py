@@ -1,0 +1,172 @@
+"""SchedulerCore without Triton: placement honoured, prefill instances in parallel, errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+from bucketserve.engine.sampling_params import SamplingParams
+from bucketserve.scheduling import ClusterView, InstanceStats, SchedulerConfig, make_scheduler
+from bucketserve.serving.contract import GenerateParams
+from bucketserve.serving.handoff import KIND_GENERATE, PrefillReply, PrefillResult
+from bucketserve.serving.scheduler_core import SchedulerCore, instance_index
+
+
+class Cluster:
+    """Stats of N prefill and M decode instances; prefill free blocks fixed, decode large."""
+
+    def __init__(self, num_prefill: int, num_decode: int, decode_blocks: int = 4096) -> None:
+        self.num_prefill, self.num_decode, self.decode_blocks = (
+            num_prefill,
+            num_decode,
+            decode_blocks,
+        )
+
+    def view(self) -> ClusterView:
+        def st(role: str, i: int, total: int) -> InstanceStats:
+            return InstanceStats(f"{role}{i}", role, total, total, 16, 0, 0.01, 1000)
+
+        return ClusterView(
+            [st("prefill", i, 4096) for i in range(self.num_prefill)],
+            [st("decode", i, self.decode_blocks) for i in range(self.num_decode)],
+        )
+
+
+class Recorder:
+    """The injected Triton side: records hand-offs, errors, prefill calls with timestamps."""
+
+    def __init__(self, prefill_s: float = 0.0) -> None:
+        self.prefill_s = prefill_s
+        self.lock = threading.Lock()
+        self.handoffs: list = []
+        self.errors: list = []
+        self.calls: list[tuple[int, float, float, int]] = []  # index, start, end, size
+        self.placed: list[tuple[str, str, int]] = []
+
+    def prefill(self, index: int, items) -> PrefillReply:
+        start = time.monotonic()
+        time.sleep(self.prefill_s)
+        with self.lock:
+            self.calls.append((index, start, time.monotonic(), len(items)))
+        results = [PrefillResult(7, [0], k) for k in range(len(items))]
+        return PrefillReply(index, "pool", f"table{index}", results, self.prefill_s)
+
+    def send_handoff(self, sender, handoff) -> None:
+        with self.lock:
+            self.handoffs.append((sender, handoff))
+
+    def send_error(self, sender, message: str, busy: bool) -> None:
+        with self.lock:
+            self.errors.append((sender, message, busy))
+
+    def metrics(self):
+        def placed(p: str, d: str, n: int) -> None:
+            self.placed.append((p, d, n))
+
+        return SimpleNamespace(decision=lambda *a: None, batch=lambda *a: None, placed=placed)
+
+
+def make_core(rec: Recorder, cluster: Cluster, **cfg) -> SchedulerCore:
+    sched_cfg = SchedulerConfig(max_model_len=2048, block_size=16, **cfg)
+    sched = make_scheduler("fcfs", sched_cfg, time.monotonic)
+    core = SchedulerCore(sched, cluster.view, rec.prefill, rec.send_handoff, rec.send_error,
+                         cluster.num_prefill, rec.metrics())  # fmt: skip
+    core.start()
+    return core
+
+
+def wait_for(cond, timeout_s: float = 10.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
+
+
+def test_instance_index():
+    assert instance_index("prefill12") == 12 and instance_index("decode0") == 0
+
+
+def test_two_prefill_instances_run_batches_at_the_same_time():
+    rec = Recorder(prefill_s=0.3)
+    core = make_core(rec, Cluster(2, 2), max_prefill_tokens=8)  # one 8-token request per batch
+    try:
+        for i in range(4):
+            core.add(
+                f"s{i}", list(range(1, 9)), GenerateParams(sampling=SamplingParams(max_tokens=4))
+            )
+        wait_for(lambda: len(rec.handoffs) == 4)
+    finally:
+        core.close()
+    assert {c[0] for c in rec.calls} == {0, 1}
+    first, second = sorted(rec.calls, key=lambda c: c[1])[:2]
+    assert first[0] != second[0] and second[1] < first[2], "the two batches did not overlap"
+
+
+def test_handoffs_carry_the_placement_the_scheduler_counted():
+    rec = Recorder()
+    core = make_core(rec, Cluster(2, 2), decode_balance="round_robin")
+    try:
+        for i in range(6):
+            core.add(f"s{i}", [1, 2, 3], GenerateParams(sampling=SamplingParams(max_tokens=4)))
+            wait_for(lambda i=i: len(rec.handoffs) == i + 1)
+    finally:
+        core.close()
+    assert all(h.kind == KIND_GENERATE for _, h in rec.handoffs)
+    by_decode = {}
+    for _, h in rec.handoffs:
+        by_decode[h.decode_index] = by_decode.get(h.decode_index, 0) + 1
+    placed = {}
+    for _, d, n in rec.placed:
+        placed[instance_index(d)] = placed.get(instance_index(d), 0) + n
+    assert by_decode == placed == {0: 3, 1: 3}
+    # the prefill that ran each batch is the one the scheduler chose
+    assert sorted(p for p, _, _ in rec.placed) == sorted(f"prefill{c[0]}" for c in rec.calls)
+
+
+def test_request_that_never_fits_any_decode_pool_gets_busy():
+    rec = Recorder()
+    core = make_core(rec, Cluster(1, 1, decode_blocks=4))  # 64 tokens
+    try:
+        core.add("big", list(range(1, 40)), GenerateParams(sampling=SamplingParams(max_tokens=40)))
+        core.add("ok", list(range(1, 10)), GenerateParams(sampling=SamplingParams(max_tokens=10)))
+        wait_for(lambda: rec.errors and rec.handoffs)
+    finally:
+        core.close()
+    ((sender, message, busy),) = rec.errors
+    assert sender == "big" and busy and "exceeds the decode KV cache (64 tokens)" in message
+    assert [s for s, _ in rec.handoffs] == ["ok"]
+
+
+def test_failed_prefill_answers_every_request_and_frees_the_instance():
+    rec = Recorder()
+    calls = []
+
+    rec_prefill = rec.prefill
+
+    def flaky(index, items):
+        calls.append(index)
+        if len(calls) == 1:
+            raise RuntimeError("prefill failed: boom")
+        return rec_prefill(index, items)
+
+    rec.prefill = flaky
+    core = make_core(rec, Cluster(1, 1))
+    try:
+        core.add("a", [1, 2], GenerateParams(sampling=SamplingParams(max_tokens=2)))
+        wait_for(lambda: rec.errors)
+        core.add("b", [1, 2], GenerateParams(sampling=SamplingParams(max_tokens=2)))
+        wait_for(lambda: rec.handoffs)
+    finally:
+        core.close()
+    assert rec.errors == [("a", "prefill failed: boom", False)]
+    assert [s for s, _ in rec.handoffs] == ["b"] and calls == [0, 0]
+
+
+def test_close_returns_the_queued_requests():
+    rec = Recorder()
+    core = make_core(rec, Cluster(1, 1))
+    core.view = lambda: None  # instances never ready: requests stay queued
+    core.add("q", [1, 2], GenerateParams(sampling=SamplingParams(max_tokens=2)))
+    pending = core.close()
+    assert [p.sender for p in pending] == ["q"] and not rec.handoffs
