@@ -97,13 +97,18 @@ async def load(sp: ServeProcess, a, rate: float, warm_cb, fault_cb) -> list[Outc
 
 def kv_blocks(sp: ServeProcess) -> dict[str, tuple[int, int]]:
     found: dict[str, dict[str, int]] = {}
-    for kind, inst, value in KV_RE.findall(httpx.get(sp.metrics_url, timeout=10).text):
+    try:
+        text = httpx.get(sp.metrics_url, timeout=10).text
+    except httpx.HTTPError:  # Triton restarting after a fault: no reading this time
+        return {}
+    for kind, inst, value in KV_RE.findall(text):
         found.setdefault(inst, {})[kind] = int(float(value))
     return {k: (v.get("free", -1), v.get("total", -2)) for k, v in found.items()}
 
 
 def leaked_blocks(sp: ServeProcess, wait_s: float) -> tuple[int, dict]:
     """Blocks still held wait_s after the load ended (the hand-off timeout reclaims pending ones)."""
+    sp.wait_ready(timeout_s=900)  # a fault near the end: read the restarted server's pools
     end = time.monotonic() + wait_s
     while True:
         blocks = kv_blocks(sp)

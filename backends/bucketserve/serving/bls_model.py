@@ -15,6 +15,7 @@ import triton_python_backend_utils as pb_utils
 
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import INPUT_NAMES, GenerateParams
+from bucketserve.serving.guarded_sender import GuardedSender
 from bucketserve.serving.handoff import KIND_GENERATE, Handoff
 from bucketserve.serving.router_model import StepError, broadcast_stop, relay
 from bucketserve.serving.triton_io import bytes_tensor, model_parameter
@@ -65,7 +66,7 @@ class BlsModel:
         return None
 
     def relay(self, request) -> None:
-        sender = request.get_response_sender()
+        sender = GuardedSender(request.get_response_sender())  # FINAL-safe is_cancelled
         rid = request.request_id() or f"bls-{uuid.uuid4().hex}"
         with self.lock:
             self.active[rid] = sender

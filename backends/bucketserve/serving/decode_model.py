@@ -16,6 +16,7 @@ from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.decode_stream import Delta
 from bucketserve.serving.decode_worker import DecodeWorker
 from bucketserve.serving.engine_glue import build_runner
+from bucketserve.serving.guarded_sender import GuardedSender
 from bucketserve.serving.handoff import KIND_GENERATE, KIND_STOP, Handoff
 from bucketserve.serving.metrics import DecodeMetrics, KvMetrics, RequestMetrics
 from bucketserve.serving.model_info import load_tokenizer, model_info
@@ -95,7 +96,7 @@ class DecodeModel:
 
     def execute(self, requests: list) -> None:
         for request in requests:
-            sender = request.get_response_sender()
+            sender = GuardedSender(request.get_response_sender())  # FINAL-safe is_cancelled
             try:
                 handoff = Handoff.from_json(json_input(request, "_handoff"))
             except Exception as e:

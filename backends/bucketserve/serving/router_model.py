@@ -15,6 +15,7 @@ import triton_python_backend_utils as pb_utils
 
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import OUTPUT_NAMES
+from bucketserve.serving.guarded_sender import GuardedSender
 from bucketserve.serving.handoff import KIND_GENERATE, KIND_STOP, Handoff
 from bucketserve.serving.triton_io import model_parameter
 
@@ -87,7 +88,7 @@ class RouterModel:
         return None
 
     def route(self, request) -> None:
-        sender = request.get_response_sender()
+        sender = GuardedSender(request.get_response_sender())  # FINAL-safe is_cancelled
         try:
             raw = pb_utils.get_input_tensor_by_name(request, "_handoff").as_numpy()
             handoff = Handoff.from_json(raw.reshape(-1)[0])

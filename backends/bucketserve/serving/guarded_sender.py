@@ -1,0 +1,37 @@
+"""A response sender that other threads may poll for cancellation, safely after its FINAL.
+
+Asking Triton 2.51 whether a request is cancelled after its FINAL response was sent reads a
+freed response factory: under soak load (10 % client cancellations) `tritonserver` died with
+SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled, and a decode stub with SIGSEGV. Watcher
+threads (bucketserve_bls' cancel watcher, decode's cancel_gone) race the FINAL send; this
+wrapper orders them: after FINAL, is_cancelled() answers False without asking Triton.
+"""
+
+from __future__ import annotations
+
+import threading
+
+FINAL_FLAG = 1  # pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL (kept import-free for tests)
+
+
+class GuardedSender:
+    """Wraps pb_utils' InferenceResponseSender: same send / is_cancelled calls."""
+
+    __slots__ = ("sender", "lock", "done")
+
+    def __init__(self, sender) -> None:
+        self.sender = sender
+        self.lock = threading.Lock()
+        self.done = False
+
+    def send(self, response=None, flags: int = 0) -> None:
+        if not flags & FINAL_FLAG:
+            self.sender.send(response, flags=flags)
+            return
+        with self.lock:  # no is_cancelled() may run during or after the FINAL send
+            self.done = True
+            self.sender.send(response, flags=flags)
+
+    def is_cancelled(self) -> bool:
+        with self.lock:
+            return not self.done and self.sender.is_cancelled()
