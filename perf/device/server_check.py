@@ -43,7 +43,14 @@ def main() -> None:
         server.wait_ready(timeout_s=400 if on_gpu() else 900)
         ready_s = time.perf_counter() - start
         url = f"http://127.0.0.1:{cfg.http_port}/v2/models/bucketserve/generate_stream"
-        body = {"text_input": "What is the capital of France?", "max_tokens": 16, "stream": True}
+        body = {
+            "text_input": "What is the capital of France?",
+            "max_tokens": 16,
+            "stream": True,
+            "min_tokens": 4,
+            "temperature": 0.0,
+            "apply_chat_template": True,
+        }
         t0, chunks, first = time.perf_counter(), [], None
         with requests.post(url, json=body, stream=True, timeout=120) as r:
             r.raise_for_status()
