@@ -44,6 +44,26 @@ def stop_request(request_id: str, num_decode: int) -> None:
         broadcast_stop(range(num_decode), handoff.as_numpy())
 
 
+class GuardedSender:
+    """A response sender whose is_cancelled() is safe from another thread: after the FINAL the
+    response factory is freed, and Triton 2.51 segfaults (TRITONBACKEND_ResponseFactoryIsCancelled,
+    seen under streaming load) when the watcher asks a request that just finished."""
+
+    def __init__(self, sender) -> None:
+        self.sender, self.lock, self.done = sender, threading.Lock(), False
+
+    def send(self, response=None, flags: int = 0) -> None:
+        with self.lock:
+            if self.done:
+                return
+            self.done = bool(flags & FINAL)
+            self.sender.send(response, flags=flags)
+
+    def is_cancelled(self) -> bool:
+        with self.lock:
+            return not self.done and self.sender.is_cancelled()
+
+
 class BlsModel:
     """One relay thread per request plus a watcher that turns client cancellation into stops."""
 
@@ -65,7 +85,7 @@ class BlsModel:
         return None
 
     def relay(self, request) -> None:
-        sender = request.get_response_sender()
+        sender = GuardedSender(request.get_response_sender())
         rid = request.request_id() or f"bls-{uuid.uuid4().hex}"
         with self.lock:
             self.active[rid] = sender
