@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 
 from bucketserve.serving.config import KNOWN_POLICIES, ServeConfig
@@ -53,6 +52,31 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--scheduler", type=json.loads, default=d.scheduler, metavar="JSON",
         help='SchedulerConfig overrides, e.g. \'{"enable_bucketing": false}\' (ablations)',
     )  # fmt: skip
+    add_fault_args(p, d)
+
+
+def add_fault_args(p: argparse.ArgumentParser, d: ServeConfig) -> None:
+    """Limits of the public endpoints, overload and shutdown (see README: Fault tolerance)."""
+    p.add_argument(
+        "--max-request-bytes", type=int, default=d.max_request_bytes,
+        help="HTTP request bodies above this get 413 before reaching Triton",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-queued-requests", type=int, default=d.max_queued_requests,
+        help="requests waiting for prefill beyond this get 'server busy' (503); 0: from memory",
+    )  # fmt: skip
+    p.add_argument(
+        "--drain-timeout-s", type=float, default=d.drain_timeout_s,
+        help="on SIGTERM/SIGINT, how long in-flight requests may still finish",
+    )  # fmt: skip
+
+
+def fault_fields(a: argparse.Namespace) -> dict:
+    return {
+        "max_request_bytes": a.max_request_bytes,
+        "max_queued_requests": a.max_queued_requests,
+        "drain_timeout_s": a.drain_timeout_s,
+    }
 
 
 def add_openai_args(p: argparse.ArgumentParser) -> None:
@@ -86,40 +110,15 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         max_decode_batch=a.max_decode_batch,
         stream_interval_s=a.stream_interval_s,
         scheduler=a.scheduler,
+        **fault_fields(a),
         openai_port=getattr(a, "openai_port", ServeConfig().openai_port),
     )
 
 
-def openai_url(cfg: ServeConfig) -> str:
-    return f"http://{cfg.host}:{cfg.openai_port}/v1" if cfg.openai_port else "off (--openai-port 0)"
-
-
-def interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def cmd_serve(a: argparse.Namespace) -> int:
-    from bucketserve.serving.launcher import TritonServer
+    from bucketserve.serving.service import serve
 
-    server = TritonServer(serve_config(a))
-    # SIGTERM (docker stop, kill, a supervisor) shuts down as cleanly as Ctrl-C
-    signal.signal(signal.SIGTERM, interrupt)
-    print(f"starting tritonserver (log: {server.log_path}) ...", flush=True)
-    with server:
-        print(
-            f"BucketServe ready: model={a.model} policy={a.policy}\n"
-            f"  HTTP     http://{server.http_url}/v2/models/bucketserve/generate_stream\n"
-            f"  gRPC     {server.grpc_url}  (models: bucketserve, bucketserve_bls)\n"
-            f"  metrics  {server.metrics_url}\n"
-            f"  OpenAI   {openai_url(server.cfg)}\n"
-            f"Ctrl-C to stop.",
-            flush=True,
-        )
-        try:
-            server.proc.wait()
-        except KeyboardInterrupt:
-            print("\nstopping ...", flush=True)
-    return 0 if server.proc.returncode in (0, -2, None) else 1
+    return serve(serve_config(a), log=lambda line: print(line, flush=True))
 
 
 def main(argv: list[str] | None = None) -> int:

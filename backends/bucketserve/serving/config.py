@@ -12,6 +12,7 @@ from bucketserve.scheduling.config import SchedulerConfig
 DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
 KNOWN_POLICIES = ("static", "fcfs", "distserve", "bucketserve", "bucketserve+")
 DEFAULT_MODEL = "smollm2"
+MAX_REQUEST_BYTES_LIMIT = 64 * 1024 * 1024  # the front holds one body in memory per request
 
 
 @dataclass(slots=True)
@@ -48,6 +49,11 @@ class ServeConfig:
     # instances on that GPU (deterministic, whatever order they load in)
     gpu_memory_utilization: float | None = None
     cuda_graphs: bool = True  # GPU decode steps replayed as CUDA graphs; False: eager
+    # fault tolerance and overload (serving/front, serving/supervisor, scheduling/admission)
+    max_request_bytes: int = 4 * 1024 * 1024  # HTTP bodies above this get 413 at the front
+    max_queued_requests: int = 0  # 0: sized from memory at start (scheduling/admission.py)
+    drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
+    restart_backoff_max_s: float = 30.0  # supervisor: longest wait between restarts
     openai_port: int = 9000  # the OpenAI-compatible front end's port; 0: do not start it
 
     def __post_init__(self) -> None:
@@ -87,10 +93,25 @@ class ServeConfig:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
         if self.run_id and not re.match(r"^[A-Za-z0-9]{1,12}$", self.run_id):
             raise ValueError(f"run_id must be 1-12 letters or digits, got {self.run_id!r}")
+        self.check_fault_fields()
         # Unknown or invalid options fail here. The model's context length is not known yet:
         # check against the configured one, else the smallest, so no limit that depends on it
         # (e.g. max_batched_tokens >= max_model_len) rejects a value the real model accepts.
         self.scheduler_config(max_model_len=self.max_model_len or 2)
+
+    def check_fault_fields(self) -> None:
+        if not 1024 <= self.max_request_bytes <= MAX_REQUEST_BYTES_LIMIT:
+            raise ValueError(
+                f"max_request_bytes must be in 1024..{MAX_REQUEST_BYTES_LIMIT} (Triton's HTTP"
+                f" front end crashes on bigger bodies, fact 11); got {self.max_request_bytes}"
+            )
+        if self.max_queued_requests < 0:
+            raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+        if self.drain_timeout_s < 0 or self.restart_backoff_max_s < 1:
+            raise ValueError(
+                "drain_timeout_s must be >= 0 and restart_backoff_max_s >= 1; got"
+                f" {self.drain_timeout_s} and {self.restart_backoff_max_s}"
+            )
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         """The SchedulerConfig for a model context of max_model_len, with `scheduler` applied."""

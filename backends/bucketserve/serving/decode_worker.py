@@ -53,7 +53,7 @@ class DecodeWorker:
         self.waiting: deque[Stream] = deque()
         self.running: list[Stream] = []  # in arrival order: the tail is preempted first
         self.intake = KvIntake(runner)
-        self.num_finished = self.num_preemptions = self.num_recomputed_tokens = 0
+        self.num_preemptions = self.num_recomputed_tokens = 0  # read by the metrics thread
         self.stopping = False
 
     def submit(self, key: int, handoff: Handoff) -> None:
@@ -254,7 +254,6 @@ class DecodeWorker:
         if s.seq is not None and s.seq.block_table:
             self.blocks.release(s.seq)
         tail = s.text.flush() if s.text is not None and reason != "cancelled" else ""
-        self.num_finished += 1
         lps = s.take_logprobs()
         self.outbox.put(
             Delta(s.key, text + tail, s.num_output, reason, error, busy=busy, logprobs=lps, **times)

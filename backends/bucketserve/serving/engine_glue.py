@@ -36,6 +36,10 @@ def build_runner(cfg: ServeConfig, device: str, pool_name: str):
         max_model_len=cfg.max_model_len,
         pool_name=pool_name,
         cuda_graphs=cfg.cuda_graphs,
+        # the largest batches this instance runs: they size its activation headroom on GPU
+        # and its static decode buffers
+        max_num_batched_tokens=cfg.max_prefill_tokens,
+        max_num_seqs=cfg.max_decode_batch,
         **optional,
     )
     return ModelRunner(ecfg)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.procs import die_with_parent, kill_tree, reap_children, stubs_of
 from bucketserve.serving.repository import render
 from bucketserve.serving.triton_env import assemble_backends, find_triton, server_env
 
@@ -30,7 +31,7 @@ def prepare_model(spec: str) -> str:
 class TritonServer:
     """One tritonserver process serving the BucketServe models for a ServeConfig."""
 
-    def __init__(self, cfg: ServeConfig) -> None:
+    def __init__(self, cfg: ServeConfig, triton_http_port: int | None = None) -> None:
         run_id = cfg.run_id or secrets.token_hex(3)
         self.cfg = replace(
             cfg,
@@ -41,11 +42,15 @@ class TritonServer:
         self.run_dir = self.cfg.run_path
         self.log_path = self.run_dir / "server.log"
         self.proc: subprocess.Popen | None = None
+        # behind the front (serving/front) Triton's HTTP listens on an internal loopback port
+        self.internal_http = triton_http_port is not None
+        self.http_port = cfg.http_port if triton_http_port is None else triton_http_port
         self.openai: subprocess.Popen | None = None  # the OpenAI-compatible front end
 
     @property
     def http_url(self) -> str:
-        return f"{self.cfg.host}:{self.cfg.http_port}"
+        host = "127.0.0.1" if self.internal_http else self.cfg.host
+        return f"{host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
@@ -61,8 +66,8 @@ class TritonServer:
             str(server_bin),
             f"--model-repository={repo}",
             f"--backend-directory={backends}",
-            f"--http-address={c.host}",
-            f"--http-port={c.http_port}",
+            f"--http-address={self.http_url.rsplit(':', 1)[0]}",
+            f"--http-port={self.http_port}",
             f"--grpc-address={c.host}",
             f"--grpc-port={c.grpc_port}",
             f"--metrics-address={c.host}",
@@ -74,6 +79,8 @@ class TritonServer:
             "--exit-on-error=true",
             "--exit-timeout-secs=10",
             "--metrics-config=summary_latencies=true",
+            # the backend's own regions carry our run id, so clean_shm finds them after a crash
+            f"--backend-config=python,shm-region-prefix-name={triton_shm_prefix(c.run_id)}",
         ]
 
     def start(self) -> None:
@@ -83,6 +90,8 @@ class TritonServer:
         repo = render(self.cfg, self.run_dir)
         backends = assemble_backends(install, self.run_dir)
         env = server_env(install, {"BUCKETSERVE_RUN_CONFIG": str(self.run_dir / "run_config.json")})
+        if self.log_path.exists():  # a restart keeps the log of the server that died
+            self.log_path.replace(self.log_path.with_suffix(".log.prev"))
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             self.command(repo, backends, install.server_bin),
@@ -90,26 +99,31 @@ class TritonServer:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=die_with_parent,  # a killed launcher takes its server with it
         )
         self.openai = start_openai(self.cfg, self.run_dir)
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
         """Poll /v2/health/ready; raise with the log's tail if the server exits or times out."""
         deadline = time.monotonic() + timeout_s
-        url = f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(
                     f"tritonserver exited ({self.proc.returncode}):\n{self.log_tail()}"
                 )
-            try:
-                with urllib.request.urlopen(url, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
+            if self.is_ready():
+                return
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def is_ready(self) -> bool:
+        """One probe of Triton's own /v2/health/ready."""
+        try:
+            url = f"http://{self.http_url}/v2/health/ready"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
 
     def log_tail(self, n: int = 60) -> str:
         if not self.log_path.exists():
@@ -118,20 +132,23 @@ class TritonServer:
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGINT (Triton drains and unloads models), then SIGKILL the group if it hangs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the server and every stub it started (also after it crashed), free its shm."""
         stop_openai(self.openai)
-        if self.proc is None or self.proc.poll() is not None:
-            clean_shm(self.cfg.run_id)
-            return
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # stubs left behind by a server that gave up unloading share its process group
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        if self.proc is not None:
+            # a crashed server's stubs live on in its process group (fact 18): always kill it
+            stubs = [s.pid for s in stubs_of(self.proc.pid)]
+            kill_tree(self.proc.pid, stubs)
+            self.proc.wait()
+            reap_children()  # stubs re-parented to us (a subreaper) after the server died
         clean_shm(self.cfg.run_id)
 
     def __enter__(self) -> TritonServer:
@@ -147,6 +164,11 @@ class TritonServer:
         self.stop()
 
 
+def triton_shm_prefix(run_id: str) -> str:
+    """Prefix of the Python backend's shared-memory regions for one run (default: triton_python_...)."""
+    return f"bs_{run_id}_tpb_"
+
+
 def start_openai(cfg: ServeConfig, run_dir: Path) -> subprocess.Popen | None:
     """The OpenAI-compatible front end as its own process (it talks gRPC to Triton)."""
     if not cfg.openai_port:
@@ -154,7 +176,7 @@ def start_openai(cfg: ServeConfig, run_dir: Path) -> subprocess.Popen | None:
     cmd = [sys.executable, "-m", "bucketserve.serving.openai", "--run-config",
            str(run_dir / "run_config.json"), "--host", cfg.host, "--port", str(cfg.openai_port)]  # fmt: skip
     log = open(run_dir / "openai.log", "wb")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
 
 
 def stop_openai(proc: subprocess.Popen | None) -> None:

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from bucketserve.scheduling.admission import check_prompt_bytes
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import (
     INPUT_NAMES,
@@ -16,6 +17,7 @@ from bucketserve.serving.contract import (
     text_input,
 )
 from bucketserve.serving.model_info import load_tokenizer, model_info
+from bucketserve.serving.overload import prompt_byte_limit
 from bucketserve.serving.triton_io import model_parameter, read_inputs
 
 
@@ -26,6 +28,7 @@ class Preprocessor:
         self.cfg = cfg
         self.info = model_info(cfg)
         self.tokenizer = load_tokenizer(self.info)
+        self.max_prompt_bytes = prompt_byte_limit(self.tokenizer, self.info.max_model_len)
 
     def encode(self, text: str, chat: bool) -> list[int]:
         if chat and getattr(self.tokenizer, "chat_template", None):
@@ -43,6 +46,7 @@ class Preprocessor:
         if params.stop:
             return [], params
         text = text_input(inputs.get("text_input"))
+        check_prompt_bytes(text, self.max_prompt_bytes)  # before tokenizing megabytes
         ids = self.encode(text, params.apply_chat_template)
         check_context(params, len(ids), self.info.max_model_len)
         if params.bad_words:  # token sequences the sampler must not complete

@@ -17,6 +17,7 @@ from bucketserve.serving.handoff import Handoff, PrefillReply, sampling_rows_jso
 from bucketserve.serving.metrics import PlacementMetrics, SchedulerMetrics
 from bucketserve.serving.model_info import model_info
 from bucketserve.serving.notify import FinishListener, socket_path
+from bucketserve.serving.overload import Admission
 from bucketserve.serving.scheduler_core import SchedulerCore, Waiting
 from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter
 
@@ -80,9 +81,11 @@ class SchedulerModel:
     def initialize(self, args: dict) -> None:
         logging.getLogger("bucketserve.serving.scheduler_core").addHandler(TritonLogHandler())
         self.cfg = ServeConfig.read(model_parameter(args, "run_config"))
-        sched_cfg = self.cfg.scheduler_config(model_info(self.cfg).max_model_len)
+        max_model_len = model_info(self.cfg).max_model_len
+        sched_cfg = self.cfg.scheduler_config(max_model_len)
         sched = make_scheduler(self.cfg.policy, sched_cfg, time.monotonic)
         self.cluster = ClusterStats(self.cfg)
+        self.admission = Admission(self.cfg, max_model_len)  # bounded queue: busy beyond
         self.core = SchedulerCore(
             sched, self.cluster.view, call_prefill, send_handoff, send_error,
             len(self.cfg.prefill_devices), Metrics(self.cfg),
@@ -107,7 +110,7 @@ class SchedulerModel:
                 continue
             if params.stop:
                 self.core.stop(sender, params)
-            else:
+            elif self.admission.admit(sender, len(self.core.waiting)):
                 self.core.add(sender, ids.reshape(-1).astype(np.int64).tolist(), params)
         return None
 

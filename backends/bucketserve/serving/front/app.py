@@ -1,0 +1,170 @@
+"""The public HTTP port: a streaming reverse proxy to Triton's internal HTTP endpoint.
+
+It exists because Triton 2.51's HTTP front end crashes on some bodies (DESIGN fact 11): every
+body is read here first, bounded by `max_request_bytes`, and checked (front/guard.py) before one
+byte reaches Triton. It also answers readiness from the supervisor (not-ready while degraded or
+draining) and ends in-flight streams with an error that names why the server went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import anyio
+import httpx
+from bucketserve.serving.front.guard import BodyTooLarge, check_request, forward_headers
+from bucketserve.serving.front.health import Health
+from bucketserve.serving.front.metrics import FrontMetrics
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+CAUSE_WAIT_S = 1.0  # a reset may reach us before the supervisor has noticed the crash
+BUSY_MARK = "server busy"
+INLINE_CHECK_BYTES = 64 * 1024
+HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
+
+
+def error(status: int, message: str, retry: bool = False) -> JSONResponse:
+    """Triton's own error body shape, so clients parse ours the same way."""
+    headers = {"Retry-After": "1"} if retry else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+class Front:
+    """Routes, the upstream client and the in-flight count the shutdown drain waits on."""
+
+    def __init__(self, health: Health, metrics: FrontMetrics, max_request_bytes: int) -> None:
+        self.health = health
+        self.metrics = metrics
+        self.max_request_bytes = max_request_bytes
+        self.inflight = 0
+        self.client: httpx.AsyncClient | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/v2/health/ready", self.ready, methods=["GET"]),
+                Route("/v2/health/live", self.live, methods=["GET"]),
+                Route("/metrics", self.prometheus, methods=["GET"]),
+                Route("/{path:path}", self.proxy, methods=["GET", "POST", "PUT", "DELETE"]),
+            ],
+            lifespan=self.lifespan,
+        )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app):
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        timeout = httpx.Timeout(None, connect=5.0)  # generation may take as long as it takes
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as self.client:
+            yield
+
+    async def ready(self, request: Request) -> Response:
+        if not self.health.is_ready:
+            return error(503, f"not ready: {self.health.cause}")
+        return await self.proxy(request)
+
+    async def live(self, request: Request) -> Response:
+        return Response(status_code=200)  # the launcher is up; it restarts Triton on its own
+
+    async def prometheus(self, request: Request) -> Response:
+        self.metrics.ready.set(1 if self.health.is_ready else 0)
+        self.metrics.inflight.set(self.inflight)
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def proxy(self, request: Request) -> Response:
+        if not self.health.is_ready:
+            self.metrics.rejected.labels("not_ready").inc()
+            return error(503, f"server unavailable: {self.health.cause}; retry", retry=True)
+        try:
+            body = await read_body(request, self.max_request_bytes)
+        except BodyTooLarge as e:
+            self.metrics.rejected.labels("too_large").inc()
+            return error(413, str(e))
+        check = (request.method, request.url.path, request.headers, body)
+        if len(body) > INLINE_CHECK_BYTES:  # parsing megabytes would stall every other stream
+            problem = await anyio.to_thread.run_sync(check_request, *check)
+        else:
+            problem = check_request(*check)
+        if problem is not None:
+            self.metrics.rejected.labels(problem.reason).inc()
+            return error(problem.status, problem.message)
+        return await self.relay(request, body)
+
+    async def relay(self, request: Request, body: bytes) -> Response:
+        url = self.health.upstream + request.url.path
+        up = self.client.build_request(
+            request.method,
+            url,
+            params=request.url.query,
+            headers=forward_headers(request.headers),
+            content=body,
+        )
+        self.inflight += 1
+        try:
+            resp = await self.client.send(up, stream=True)
+        except httpx.TransportError as e:
+            self.inflight -= 1
+            self.metrics.broken.inc()
+            return error(503, f"server went away: {await self.cause(e)}; retry", retry=True)
+        headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+        if resp.status_code >= 400 and "event-stream" not in resp.headers.get("content-type", ""):
+            return await self.finish_error(resp, headers)
+        return StreamingResponse(self.stream(resp), resp.status_code, headers=headers)
+
+    async def finish_error(self, resp: httpx.Response, headers: dict) -> Response:
+        """Error bodies are small: read them whole, map the scheduler's busy error to 503."""
+        try:
+            content = await resp.aread()
+        except httpx.TransportError as e:
+            self.metrics.broken.inc()
+            return error(503, f"server went away: {await self.cause(e)}; retry", retry=True)
+        finally:
+            await resp.aclose()
+            self.inflight -= 1
+        if BUSY_MARK in content.decode("utf-8", "replace"):
+            self.metrics.rejected.labels("busy").inc()
+            headers.pop("content-length", None)
+            return Response(content, 503, headers={**headers, "Retry-After": "1"})
+        return Response(content, resp.status_code, headers=headers)
+
+    async def stream(self, resp: httpx.Response):
+        sse = "event-stream" in resp.headers.get("content-type", "")
+        try:
+            async for chunk in resp.aiter_raw():
+                yield chunk
+        except httpx.TransportError as e:
+            self.metrics.broken.inc()
+            if not sse:
+                raise  # a truncated body: the client sees an incomplete response, never a hang
+            message = f"server went away: {await self.cause(e)}"
+            yield f"data: {json.dumps({'error': message})}\n\n".encode()
+        finally:
+            self.inflight -= 1
+            with anyio.CancelScope(shield=True):
+                await resp.aclose()
+
+    async def cause(self, exc: Exception) -> str:
+        """The supervisor's account of the failure, if it has one within CAUSE_WAIT_S."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CAUSE_WAIT_S
+        while self.health.is_ready and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if not self.health.is_ready:
+            return self.health.cause
+        return f"connection to tritonserver lost ({type(exc).__name__})"
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refusing more than `limit` bytes whether or not a length was declared."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(int(declared), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,197 @@
+"""Soak and fault suite for `bucketserve serve` (loopback only, bounded in time and count).
+
+  perf/soak.py --duration 600             mixed load at 2x measured capacity, 10 % cancellations
+  perf/soak.py --faults --duration 600    the same, killing decode, prefill, scheduler, tritonserver
+  perf/soak.py --cycles 10                start/SIGTERM cycles, then kill -9 of everything
+
+Reports sent / finished / errored by cause / cancelled / hung / lost, KV blocks leaked and RSS
+growth per process after warm-up (report.json + report.md in --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bucketserve.serving.serve_process import ServeProcess  # noqa: E402
+from soak_client import CANCELLED, FINISHED, Outcome, run_one  # noqa: E402
+from soak_cycles import run_cycles  # noqa: E402
+from soak_report import (  # noqa: E402
+    in_flight_at_kills,
+    rss_by_process,
+    rss_growth,
+    write_report,
+)
+
+KV_RE = re.compile(r'^bucketserve_kv_blocks_(free|total)\{instance="(\w+)"\} (\S+)$', re.M)
+WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars shine".split()
+FAULTS = ("decode_0_0", "prefill_0_0", "scheduler_0_0", "tritonserver")
+
+
+def payload(rng: random.Random) -> dict:
+    """Mixed: short and long prompts, short and long outputs."""
+    words = rng.choice([8, 32, 300]) if rng.random() < 0.9 else 900
+    max_tokens = rng.choice([8, 24, 64, 128])
+    text = " ".join(rng.choice(WORDS) for _ in range(words))
+    p = {"text_input": text, "max_tokens": max_tokens, "seed": rng.randrange(2**31)}
+    if rng.random() < 0.5:
+        p["min_tokens"] = max_tokens
+    return p
+
+
+async def capacity(base: str, seconds: float, concurrency: int, seed: int) -> float:
+    """Finished requests per second at a fixed concurrency (first 20 % untimed)."""
+    rng, done = random.Random(seed), []
+    end = time.monotonic() + seconds
+    async with httpx.AsyncClient(timeout=None) as client:
+
+        async def worker() -> None:
+            while time.monotonic() < end:
+                out = await run_one(client, base, payload(rng), 300.0, 0.0)
+                done.append(out)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    t0 = min(o.start_s for o in done) + 0.2 * seconds
+    timed = [o for o in done if o.start_s >= t0 and o.kind == FINISHED]
+    return len(timed) / max(1e-9, max(o.end_s for o in done) - t0)
+
+
+async def load(sp: ServeProcess, a, rate: float, warm_cb, fault_cb) -> list[Outcome]:
+    """Open-loop Poisson arrivals at `rate` for a.duration seconds; 10 % cancelled early."""
+    rng, tasks = random.Random(a.seed), []
+    base, start = f"http://{sp.http_url}", time.monotonic()
+    limits = httpx.Limits(max_connections=None)
+    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+        fault_task = asyncio.create_task(fault_cb(tasks)) if fault_cb else None
+        warm_done = False
+
+        def more() -> bool:  # with --faults, the load goes on until the last part is back
+            running = fault_task is not None and not fault_task.done()
+            return (time.monotonic() - start < a.duration or running) and len(
+                tasks
+            ) < a.max_requests
+
+        while more():
+            cancel = rng.uniform(0.2, 5.0) if rng.random() < a.cancel_frac else 0.0
+            tasks.append(asyncio.create_task(
+                run_one(client, base, payload(rng), a.deadline_s, cancel)))  # fmt: skip
+            await asyncio.sleep(rng.expovariate(rate))
+            if not warm_done and time.monotonic() - start > a.warmup_frac * a.duration:
+                warm_done = True
+                warm_cb()
+        if fault_task:
+            await fault_task
+        return list(await asyncio.gather(*tasks))
+
+
+def kv_blocks(sp: ServeProcess) -> dict[str, tuple[int, int]]:
+    found: dict[str, dict[str, int]] = {}
+    for kind, inst, value in KV_RE.findall(httpx.get(sp.metrics_url, timeout=10).text):
+        found.setdefault(inst, {})[kind] = int(float(value))
+    return {k: (v.get("free", -1), v.get("total", -2)) for k, v in found.items()}
+
+
+def leaked_blocks(sp: ServeProcess, wait_s: float) -> tuple[int, dict]:
+    """Blocks still held wait_s after the load ended (the hand-off timeout reclaims pending ones)."""
+    end = time.monotonic() + wait_s
+    while True:
+        blocks = kv_blocks(sp)
+        leaked = sum(total - free for free, total in blocks.values())
+        if (blocks and leaked == 0) or time.monotonic() > end:
+            return leaked, blocks
+        time.sleep(1.0)
+
+
+def make_fault_cb(sp: ServeProcess, a, faults_out: list):
+    async def run_faults(tasks: list) -> None:
+        from soak_cycles import kill_part
+
+        await asyncio.sleep(a.warmup_frac * a.duration)
+        for part in FAULTS:
+            faults_out.append(await asyncio.to_thread(kill_part, sp, part))
+            await asyncio.sleep(20.0)  # load on the recovered server before the next kill
+
+    return run_faults
+
+
+def soak(a) -> dict:
+    run_dir = Path(tempfile.mkdtemp(prefix="soak-")) / "run"
+    sp = ServeProcess(run_dir, "--kv-cache-gb", str(a.kv_cache_gb),
+                      "--max-queued-requests", str(a.max_queued), "--drain-timeout-s", "10")  # fmt: skip
+    sp.start()
+    report: dict = {"args": vars(a), "startup_s": sp.wait_ready()}
+    try:
+        base = f"http://{sp.http_url}"
+        cap = asyncio.run(capacity(base, a.capacity_s, a.capacity_concurrency, a.seed + 1))
+        rate = a.rate_mult * cap
+        report.update(capacity_rps=cap, rate_rps=rate)
+        rss: dict = {}
+        faults: list = []
+        fault_cb = make_fault_cb(sp, a, faults) if a.faults else None
+        outs = asyncio.run(load(sp, a, rate, lambda: rss.update(warm=rss_by_process(sp)), fault_cb))
+        rss["end"] = rss_by_process(sp)
+        report["rss_growth_pct"] = rss_growth(rss)
+        report.update(summarize(outs, a.deadline_s), rss=rss, faults=faults)
+        in_flight_at_kills(report, [(o.start_s, o.end_s) for o in outs])
+        report["kv_leaked_blocks"], report["kv_blocks"] = leaked_blocks(sp, 60.0)
+    finally:
+        report["shutdown_s"] = sp.stop()
+        time.sleep(1.5)
+        report["left_processes"] = [p.pid for p in sp.processes()]
+        report["left_shm"] = sorted(sp.shm_segments())
+    return report
+
+
+def summarize(outs: list[Outcome], deadline_s: float) -> dict:
+    kinds = Counter(o.kind for o in outs)
+    causes = Counter(o.cause for o in outs if o.kind == "errored")
+    return {"sent": len(outs), "outcomes": dict(kinds), "errors_by_cause": dict(causes),
+            "cancelled_by_client": kinds[CANCELLED], "deadline_s": deadline_s}  # fmt: skip
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of load (10 min)")
+    p.add_argument("--faults", action="store_true", help="kill each part in turn under load")
+    p.add_argument("--cycles", type=int, default=0, help="start/SIGTERM cycles instead of load")
+    p.add_argument("--rate-mult", type=float, default=2.0, help="load = this x capacity")
+    p.add_argument("--cancel-frac", type=float, default=0.1)
+    p.add_argument("--capacity-s", type=float, default=60.0)
+    p.add_argument("--capacity-concurrency", type=int, default=8)
+    p.add_argument("--warmup-frac", type=float, default=0.2, help="RSS baseline after this")
+    p.add_argument("--deadline-s", type=float, default=180.0, help="no FINAL by then: hung")
+    p.add_argument("--max-requests", type=int, default=20000)
+    p.add_argument("--max-queued", type=int, default=16, help="--max-queued-requests of the server")
+    p.add_argument("--kv-cache-gb", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """Parse, run, write the report (if --out); returns the report."""
+    a = parse(argv)
+    report = run_cycles(a.cycles) if a.cycles else soak(a)
+    if a.out:
+        write_report(report, a.out)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    print(json.dumps(run(argv), indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""RSS per process of a run, and the soak report (report.json + a short report.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+from bucketserve.serving.procs import STUB_NAME, stub_instance
+from bucketserve.serving.serve_process import ServeProcess
+
+
+def rss_by_process(sp: ServeProcess) -> dict[str, int]:
+    """{launcher | tritonserver | stub instance: RSS bytes} for the live processes of a run."""
+    out = {"launcher": psutil.Process(sp.proc.pid).memory_info().rss}
+    for p in sp.processes():
+        try:
+            cmd, rss = p.info["cmdline"], p.memory_info().rss
+        except psutil.Error:
+            continue
+        if cmd[0].endswith("tritonserver"):
+            out["tritonserver"] = rss
+        elif cmd[0].endswith(STUB_NAME):
+            out[stub_instance(cmd)] = rss
+    return out
+
+
+def rss_growth(rss: dict) -> dict[str, float]:
+    """Percent growth from the warm-up sample to the end, per process present in both."""
+    warm, end = rss.get("warm", {}), rss.get("end", {})
+    return {k: round(100.0 * (end[k] - warm[k]) / warm[k], 2) for k in warm if k in end}
+
+
+def in_flight_at_kills(report: dict, outs_end: list[tuple[float, float]]) -> None:
+    """For each fault: requests running at the kill, and how long the slowest took to end."""
+    for f in report.get("faults", []):
+        t = f["t_kill"]
+        running = [end - t for start, end in outs_end if start < t < end]
+        f["in_flight"] = len(running)
+        f["slowest_end_after_kill_s"] = round(max(running), 2) if running else None
+
+
+def write_report(report: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    lines = [
+        "# Soak report\n",
+        "```",
+        json.dumps(
+            {k: v for k, v in report.items() if k not in ("rss", "args")}, indent=1, default=str
+        ),
+        "```",
+        f"\nargs: `{json.dumps(report.get('args', {}), default=str)}`",
+    ]
+    (out / "report.md").write_text("\n".join(lines) + "\n")

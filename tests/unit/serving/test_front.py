@@ -1,0 +1,134 @@
+"""The HTTP front against a real upstream HTTP server (a tiny Starlette app under uvicorn)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import pytest
+import requests
+from bucketserve.serving.front.app import Front
+from bucketserve.serving.front.health import DEGRADED, READY, Health
+from bucketserve.serving.front.metrics import FrontMetrics
+from bucketserve.serving.front.server import FrontServer
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+LIMIT = 64 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Upstream:
+    """Stands in for Triton's HTTP endpoint: echoes, streams, answers busy, or dies mid-stream."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+        self.release = threading.Event()
+        app = Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST"])])
+        self.port = free_port()
+        self.web = FrontServer(type("F", (), {"app": app})(), "127.0.0.1", self.port)
+
+    async def handle(self, request: Request):
+        body = await request.body()
+        self.seen.append({"path": request.url.path, "ctype": request.headers.get("content-type"),
+                          "len": len(body)})  # fmt: skip
+        if request.url.path.endswith("/busy"):
+            return JSONResponse({"error": "server busy: 4 requests are already waiting"}, 400)
+        if request.url.path.endswith("/generate_stream"):
+            return StreamingResponse(self.events(), media_type="text/event-stream")
+        return JSONResponse({"len": len(body)})
+
+    async def events(self):
+        for i in range(3):
+            yield f'data: {{"text_output": "t{i}"}}\n\n'.encode()
+            await asyncio.sleep(0.05)
+        while not self.release.is_set():  # then hang until the test kills the upstream
+            await asyncio.sleep(0.02)
+        yield b'data: {"text_output": "end"}\n\n'
+
+
+@pytest.fixture
+def setup():
+    up = Upstream()
+    up.web.start()
+    health, metrics = Health(), FrontMetrics()
+    health.set(READY, upstream=f"http://127.0.0.1:{up.port}")
+    front = Front(health, metrics, LIMIT)
+    port = free_port()
+    web = FrontServer(front, "127.0.0.1", port)
+    web.start()
+    yield f"http://127.0.0.1:{port}", up, health, front
+    up.release.set()
+    web.stop()
+    up.web.stop()
+
+
+def test_body_over_limit_is_413_before_upstream(setup):
+    base, up, _, _ = setup
+    r = requests.post(f"{base}/v2/models/m/generate", data=b"x" * (LIMIT + 1))
+    assert r.status_code == 413
+    assert "max_request_bytes=65536" in r.json()["error"]
+    chunks = (b"x" * 4096 for _ in range(LIMIT // 4096 + 2))  # chunked: no declared length
+    assert requests.post(f"{base}/v2/models/m/generate", data=chunks).status_code == 413
+    assert up.seen == []
+    exact = b'{"text_input": "' + b"x" * (LIMIT - 18) + b'"}'  # exactly LIMIT bytes of JSON
+    ok = requests.post(f"{base}/v2/models/m/generate", data=exact)
+    assert ok.status_code == 200 and ok.json() == {"len": LIMIT}
+
+
+def test_form_body_reaches_triton_as_json(setup):
+    base, up, _, _ = setup
+    body = json.dumps({"text_input": "hi"})
+    r = requests.post(
+        f"{base}/v2/models/m/generate",
+        data=body,
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 200
+    assert up.seen[-1]["ctype"] == "application/json"
+
+
+def test_not_ready_while_degraded(setup):
+    base, up, health, _ = setup
+    assert requests.get(f"{base}/v2/health/ready").status_code == 200
+    health.set(DEGRADED, "stub process decode_0_0 (pid 1) died; the server is restarting")
+    r = requests.get(f"{base}/v2/health/ready")
+    assert r.status_code == 503 and "decode_0_0" in r.json()["error"]
+    r = requests.post(f"{base}/v2/models/m/generate", json={})
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+    assert requests.get(f"{base}/v2/health/live").status_code == 200
+
+
+def test_busy_error_maps_to_503(setup):
+    base, _, _, _ = setup
+    r = requests.post(f"{base}/v2/models/m/busy", json={})
+    assert r.status_code == 503 and "server busy" in r.json()["error"]
+
+
+def test_stream_relays_and_ends_with_the_cause_when_upstream_dies(setup):
+    base, up, health, front = setup
+    events, t_dead = [], None
+    with requests.post(f"{base}/v2/models/m/generate_stream", json={}, stream=True) as r:
+        for line in r.iter_lines():
+            if not line.startswith(b"data: "):
+                continue
+            events.append(json.loads(line[6:]))
+            if len(events) == 3:  # the supervisor's order: degraded with a cause, then kill
+                health.set(DEGRADED, "stub process decode_0_0 (pid 7) died")
+                t_dead = time.monotonic()
+                up.web.server.force_exit = True
+                up.web.stop()
+    assert [e.get("text_output") for e in events[:3]] == ["t0", "t1", "t2"]
+    assert "decode_0_0" in events[-1]["error"]
+    assert time.monotonic() - t_dead < 5
+    assert front.inflight == 0

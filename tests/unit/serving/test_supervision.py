@@ -1,0 +1,119 @@
+"""Process bookkeeping of the supervisor, with real processes (no tritonserver needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from bucketserve.serving import leftovers, procs
+from bucketserve.serving.supervisor import exit_cause, model_of
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if not procs.is_alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_stub_watchdog_kills_a_process_whose_parent_died():
+    """Parent P starts child C; C calls exit_when_orphaned(); P dies -> C dies within ~1 s."""
+    code = (
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'from bucketserve.serving.procs import exit_when_orphaned as w; "
+        "import time; w(0.1); time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    time.sleep(1.0)  # the watchdog has started
+    assert procs.is_alive(child)
+    parent.kill()
+    parent.wait()
+    assert wait_gone(child, 5.0)
+
+
+def test_stub_watchdog_holds_while_the_parent_lives():
+    code = (
+        "from bucketserve.serving.procs import exit_when_orphaned as w\n"
+        "import time; w(0.05); time.sleep(1.0); print('alive', flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "alive"
+
+
+def test_kill_tree_kills_the_group_and_reaps():
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    procs.kill_tree(proc.pid, [])
+    assert proc.wait(timeout=5) == -signal.SIGKILL
+
+
+def test_exit_cause_and_model_names():
+    assert exit_cause(-11) == "tritonserver died (SIGSEGV)"
+    assert exit_cause(1) == "tritonserver exited with status 1"
+    assert (
+        model_of("decode_0_0") == "decode" and model_of("bucketserve_bls_0_0") == "bucketserve_bls"
+    )
+    assert procs.stub_instance(["stub", "/r/decode/1/model.py", *["x"] * 6, "decode_0_0"]) == (
+        "decode_0_0"
+    )
+
+
+def test_claim_run_dir_refuses_a_live_owner_and_cleans_a_dead_one(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    state = run_dir / leftovers.STATE_FILE
+    state.write_text(
+        json.dumps({"pid": os.getppid(), "run_id": "abc123"})
+    )  # alive: pytest's parent
+    with pytest.raises(RuntimeError, match="in use"):
+        leftovers.claim_run_dir(run_dir, "new1")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    seg = f"/dev/shm/bs_dead{os.getpid() % 10000}_p0_kv"
+    open(seg, "wb").close()
+    leftover = subprocess.Popen(
+        ["sh", "-c", "sleep 60", str(run_dir)]
+    )  # "a process of the dead run"
+    state.write_text(json.dumps({"pid": dead.pid, "run_id": f"dead{os.getpid() % 10000}"}))
+    notes = leftovers.claim_run_dir(run_dir, "new1")
+    assert "1 process(es) killed" in notes[0]
+    assert leftover.wait(timeout=5) == -signal.SIGKILL
+    assert not os.path.exists(seg)
+    assert json.loads(state.read_text()) == {"pid": os.getpid(), "run_id": "new1"}
+
+
+def test_sweep_removes_only_old_unmapped_segments_of_our_kind(tmp_path):
+    old, new, other = tmp_path / "bs_zz1_p0_kv", tmp_path / "bs_zz2_p0_kv", tmp_path / "foo"
+    for p in (old, new, other):
+        p.write_bytes(b"x")
+    past = time.time() - 3600
+    os.utime(old, (past, past))
+    os.utime(other, (past, past))
+    assert leftovers.sweep_unmapped_shm(tmp_path) == ["bs_zz1_p0_kv"]
+    assert new.exists() and other.exists()
+
+
+def test_mapped_names_include_a_segment_this_process_maps():
+    import mmap
+
+    path = f"/dev/shm/bs_map{os.getpid() % 10000}_x"
+    with open(path, "wb+") as f:
+        f.truncate(4096)
+        m = mmap.mmap(f.fileno(), 4096)
+    try:
+        assert os.path.basename(path) in procs.mapped_shm_names()
+        assert psutil.pid_exists(os.getpid())
+    finally:
+        m.close()
+        os.unlink(path)
