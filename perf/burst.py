@@ -55,6 +55,7 @@ def one(url: str, i: int, args) -> dict:
     out = {"status": r.status_code, "seconds": time.monotonic() - start}
     data = r.json()
     out |= {"tokens": data["num_output_tokens"]} if r.ok else {"error": data.get("error", r.text)}
+    print(json.dumps({"request": i, **out}), file=sys.stderr, flush=True)  # progress
     return out
 
 
@@ -99,7 +100,11 @@ def start_server(args):
                       decode_devices=["cpu"] * args.decode)  # fmt: skip
     server = TritonServer(cfg)
     server.start()
-    server.wait_ready()
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
     return server
 
 

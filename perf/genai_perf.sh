@@ -2,12 +2,12 @@
 # genai-perf against a running BucketServe, from its own venv (it pins its own dependencies).
 #   perf/genai_perf.sh [GRPC_URL] [OUT_DIR]     e.g. perf/genai_perf.sh 127.0.0.1:8001 perf/results/x/genai-perf
 # Env: CONCURRENCY (2), REQUESTS (16), OUTPUT_MEAN (16), INPUT_MEAN (84, synthetic prompts) or
-# INPUT_FILE (JSONL {"text": ...} per line: our prompts), BACKEND (vllm).
+# INPUT_FILE (JSONL {"text": ...} per line: our prompts), BACKEND (vllm) and MODEL.
 # --backend vllm --endpoint-type kserve sends shape-[1] tensors (text_input, stream,
-# exclude_input_in_output), our tensor contract; the output length goes as top-level
-# max_tokens/min_tokens tensors (--extra-inputs). Its --output-tokens-mean path puts them in
-# sampling_parameters as JSON *strings*, which our preprocessing rejects (TypeError, reported).
-# --backend tensorrtllm sends shape [1,1] tensors; our models take dims [1] (max_batch_size 0).
+# exclude_input_in_output): the vLLM-backend convention of `bucketserve` (default MODEL).
+# --backend tensorrtllm sends shape-[1, 1] tensors: use BACKEND=tensorrtllm MODEL=tensorrt_llm_bls
+# (or MODEL=ensemble), the TensorRT-LLM-shaped entry models. The output length goes as top-level
+# max_tokens/min_tokens tensors (--extra-inputs) with either backend.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 URL="${1:-127.0.0.1:8001}"
@@ -30,7 +30,7 @@ else
 fi
 N_OUT="${OUTPUT_MEAN:-16}"
 set -x
-COLUMNS=200 genai-perf profile -m bucketserve --backend "${BACKEND:-vllm}" --endpoint-type kserve \
+COLUMNS=200 genai-perf profile -m "${MODEL:-bucketserve}" --backend "${BACKEND:-vllm}" --endpoint-type kserve \
   --streaming -u "$URL" --tokenizer "$TOKENIZER" "${INPUTS[@]}" \
   --extra-inputs "max_tokens:$N_OUT" --extra-inputs "min_tokens:$N_OUT" \
   --concurrency "${CONCURRENCY:-2}" --request-count "${REQUESTS:-16}" --warmup-request-count 2 \

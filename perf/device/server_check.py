@@ -40,10 +40,17 @@ def main() -> None:
     start = time.perf_counter()
     server.start()
     try:
-        server.wait_ready(timeout_s=400)
+        server.wait_ready(timeout_s=400 if on_gpu() else 900)
         ready_s = time.perf_counter() - start
         url = f"http://127.0.0.1:{cfg.http_port}/v2/models/bucketserve/generate_stream"
-        body = {"text_input": "What is the capital of France?", "max_tokens": 16, "stream": True}
+        body = {
+            "text_input": "What is the capital of France?",
+            "max_tokens": 16,
+            "stream": True,
+            "min_tokens": 4,
+            "temperature": 0.0,
+            "apply_chat_template": True,
+        }
         t0, chunks, first = time.perf_counter(), [], None
         with requests.post(url, json=body, stream=True, timeout=120) as r:
             r.raise_for_status()
@@ -52,7 +59,9 @@ def main() -> None:
                     first = first or time.perf_counter() - t0
                     chunks.append(json.loads(line[5:]))
         text = "".join(c.get("text_output", "") for c in chunks)
-        emit({"status": "ok", "ok": bool(chunks) and "error" not in chunks[-1], "model": cfg.model,
+        last = chunks[-1] if chunks else {}
+        ok = bool(text) and last.get("finish_reason") in ("stop", "length")
+        emit({"status": "ok", "ok": ok, "model": cfg.model, "last_event": last,
               "ready_s": round(ready_s, 1), "first_chunk_s": round(first or -1, 3),
               "chunks": len(chunks), "text": text[:200]})  # fmt: skip
     finally:

@@ -28,13 +28,14 @@ def block_bytes(mc: ModelConfig, block_size: int) -> int:
 
 def activation_bytes(mc: ModelConfig, config, attention: str) -> int:
     """Peak activation memory of one step, from the shapes: the largest prefill batch
-    (max_num_batched_tokens) through one layer, the decode logits, the SDPA gather workspace."""
+    (max_num_batched_tokens, or one max_model_len prompt) through one layer, the decode logits, the SDPA gather workspace."""
     nbytes = DTYPE_BYTES[mc.dtype]
     q, kv = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
     # residual + normed input + attention out + MLP out; qkv and its padded SDPA copy;
     # gate_up, the activation and its input to down_proj
     per_token = 4 * mc.hidden_size + 2 * (q + 2 * kv) + 3 * mc.intermediate_size
-    prefill = config.max_num_batched_tokens * per_token * nbytes
+    # a prompt longer than the batch budget runs alone, so the peak is the larger of the two
+    prefill = max(config.max_num_batched_tokens, mc.max_model_len) * per_token * nbytes
     logits = 2 * max(config.max_num_seqs, 1) * mc.vocab_size * 4  # float32 logits + softmax
     gather = 0
     if attention == "sdpa":  # decode gathers every sequence's padded K and V (engine/sdpa_*)

@@ -22,7 +22,7 @@ from bucketserve.engine.decode_inputs import StaticDecodeInputs
 from bucketserve.engine.device import bind_thread, device_context
 from bucketserve.engine.fusion import optimize
 from bucketserve.engine.kv_pool import allocate_kv_pool, auto_num_blocks
-from bucketserve.engine.sampler import Sampler, SampleRow
+from bucketserve.engine.sampler import SampleOutput, Sampler, SampleRow
 from bucketserve.engine.sequence import Sequence
 from bucketserve.engine.shapes import ModelConfig
 from bucketserve.engine.step_stats import StepStats
@@ -124,31 +124,39 @@ class ModelRunner:
 
     # ---- public steps -------------------------------------------------------------------
 
-    @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> list[int]:
         """Run all tokens of each sequence; returns the sampled next token per sequence."""
+        return self.prefill_sampled(seqs).tokens
+
+    def decode(self, seqs: list[Sequence]) -> list[int]:
+        """One step: feed each sequence's newest token; returns the next token per sequence."""
+        return self.decode_sampled(seqs).tokens
+
+    @torch.inference_mode()
+    def prefill_sampled(self, seqs: list[Sequence]) -> SampleOutput:
+        """Like prefill, with the log-probs of rows whose SamplingParams ask for them."""
         if not seqs:
-            return []
+            return SampleOutput([], [])
         start = time.perf_counter()
         with device_context(self.device):
-            tokens = self.sampler(self._prefill_logits(seqs), self._sample_rows(seqs))
+            out = self.sampler(self._prefill_logits(seqs), self._sample_rows(seqs))
             # The KV written here is published to decode right after: make "written" explicit
             # rather than rely on the sampler happening to sync.
             self._sync()
         num_tokens = sum(s.num_tokens for s in seqs)
         self.stats.record(True, len(seqs), num_tokens, time.perf_counter() - start)
-        return tokens
+        return out
 
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence]) -> list[int]:
-        """One step: feed each sequence's newest token; returns the next token per sequence."""
+    def decode_sampled(self, seqs: list[Sequence]) -> SampleOutput:
+        """Like decode, with the log-probs of rows whose SamplingParams ask for them."""
         if not seqs:
-            return []
+            return SampleOutput([], [])
         start = time.perf_counter()
         with device_context(self.device):
-            tokens = self.sampler(self._decode_logits(seqs), self._sample_rows(seqs))
+            out = self.sampler(self._decode_logits(seqs), self._sample_rows(seqs))
         self.stats.record(False, len(seqs), len(seqs), time.perf_counter() - start)
-        return tokens
+        return out
 
     @torch.inference_mode()
     def prefill_logits(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -250,4 +258,6 @@ class ModelRunner:
 
     def _sample_rows(self, seqs: list[Sequence]) -> list[SampleRow]:
         eos = self.model_config.eos_token_ids
-        return [SampleRow(s.sampling_params, s.num_completion_tokens, eos) for s in seqs]
+        return [
+            SampleRow(s.sampling_params, s.num_completion_tokens, eos, s.token_ids) for s in seqs
+        ]

@@ -1,10 +1,12 @@
-"""Per-request sampling parameters."""
+"""Per-request sampling parameters: the one record that travels from the contract to the sampler."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 MAX_SEED = 2**64 - 1
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
+MAX_PENALTY = 2.0  # OpenAI's presence/frequency penalty range is [-2, 2]
 
 
 @dataclass(slots=True)
@@ -19,6 +21,11 @@ class SamplingParams:
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0  # HF style, on prompt and output tokens; 1 disables
+    presence_penalty: float = 0.0  # OpenAI style, on output tokens
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None  # None: none; k >= 0: the sampled token's plus k alternatives
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # token sequences that must not be produced
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:  # also rejects NaN
@@ -38,6 +45,20 @@ class SamplingParams:
         self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
         if any(t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
+        self._check_penalties()
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        self.bad_words_ids = tuple(tuple(int(t) for t in w) for w in self.bad_words_ids if w)
+
+    def _check_penalties(self) -> None:
+        if not 0 < self.repetition_penalty <= 10:  # also rejects NaN
+            raise ValueError(
+                f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise ValueError(f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}")
 
     @property
     def is_greedy(self) -> bool:
@@ -53,3 +74,17 @@ class SamplingParams:
     def uses_top_p(self) -> bool:
         """Nucleus filtering is on."""
         return self.top_p < 1
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Some penalty depends on the tokens seen so far."""
+        return (
+            self.repetition_penalty != 1
+            or self.presence_penalty != 0
+            or self.frequency_penalty != 0
+        )
+
+    def is_stop_token(self, token: int, eos_token_ids) -> bool:
+        """`token` ends the request (EOS unless ignored, or a stop id); min_tokens is the
+        sampler's job: it masks these ids until then."""
+        return token in self.stop_token_ids or (not self.ignore_eos and token in eos_token_ids)

@@ -137,7 +137,8 @@ class TaskTypeBuckets:
 
     def __init__(self, max_len: int) -> None:
         self.max_len = max_len
-        self.groups: dict[str, BucketManager] = {}
+        # the untyped group always exists: an idle manager shows Algorithm 1's one bucket
+        self.groups: dict[str, BucketManager] = {"": BucketManager(max_len)}
         self._where: dict[str, BucketManager] = {}
 
     @property

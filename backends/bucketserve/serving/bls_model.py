@@ -6,6 +6,7 @@ already running; a top-level decoupled model sees it, and forwards it as a stop 
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 
@@ -13,14 +14,13 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.contract import SCALAR_INPUTS, GenerateParams
+from bucketserve.serving.contract import INPUT_NAMES, GenerateParams
 from bucketserve.serving.guarded_sender import GuardedSender
 from bucketserve.serving.handoff import KIND_GENERATE, Handoff
 from bucketserve.serving.router_model import StepError, broadcast_stop, relay
 from bucketserve.serving.triton_io import bytes_tensor, model_parameter
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-INPUT_NAMES = ("text_input", "stop_words", *SCALAR_INPUTS)
 WATCH_INTERVAL_S = 0.1
 
 
@@ -51,6 +51,8 @@ class BlsModel:
     def initialize(self, args: dict) -> None:
         cfg = ServeConfig.read(model_parameter(args, "run_config"))
         self.num_decode = len(cfg.decode_devices)
+        # TensorRT-LLM-shaped entry models (max_batch_size 1) carry a leading batch dimension.
+        self.batched = json.loads(args["model_config"]).get("max_batch_size", 0) > 0
         self.active: dict[str, object] = {}  # request id -> response sender
         self.stopped: set[str] = set()
         self.lock = threading.Lock()
@@ -83,7 +85,7 @@ class BlsModel:
 
     def run(self, request, sender, rid: str) -> None:
         inputs = [
-            t
+            self.unbatch(t)
             for t in (pb_utils.get_input_tensor_by_name(request, n) for n in INPUT_NAMES)
             if t is not None
         ]
@@ -100,7 +102,22 @@ class BlsModel:
             raw = pb_utils.get_output_tensor_by_name(resp, "_handoff").as_numpy()
         handoff = Handoff.from_json(raw.reshape(-1)[0])
         # the decode instance the scheduler placed it on (a cancelled hand-off: any answers)
-        relay(handoff.decode_index if handoff.kind == KIND_GENERATE else 0, raw, sender)
+        index = handoff.decode_index if handoff.kind == KIND_GENERATE else 0
+        relay(index, raw, sender, self.batch if self.batched else None)
+
+    def unbatch(self, t):
+        """[1, ...] -> [...] for the models behind the relay (they take the vLLM shapes)."""
+        if not self.batched:
+            return t
+        arr = t.as_numpy()
+        if arr.shape[0] != 1:
+            raise ValueError(f"{t.name()} has batch size {arr.shape[0]}; supported: 1")
+        return pb_utils.Tensor(t.name(), arr.reshape(arr.shape[1:]))
+
+    def batch(self, t):
+        """[...] -> [1, ...] for a TensorRT-LLM-shaped entry model."""
+        arr = t.as_numpy()
+        return pb_utils.Tensor(t.name(), arr.reshape((1, *arr.shape)))
 
     def watch(self) -> None:
         while not self.closing.wait(WATCH_INTERVAL_S):

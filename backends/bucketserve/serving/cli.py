@@ -79,6 +79,13 @@ def fault_fields(a: argparse.Namespace) -> dict:
     }
 
 
+def add_openai_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--openai-port", type=int, default=ServeConfig().openai_port,
+        help="OpenAI-compatible API port (/v1/chat/completions ...); 0 disables it",
+    )  # fmt: skip
+
+
 def serve_config(a: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
         model=a.model,
@@ -104,6 +111,7 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         stream_interval_s=a.stream_interval_s,
         scheduler=a.scheduler,
         **fault_fields(a),
+        openai_port=getattr(a, "openai_port", ServeConfig().openai_port),
     )
 
 
@@ -117,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="bucketserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    add_serve_args(sub.add_parser("serve", help="start the Triton server"))
+    serve = sub.add_parser("serve", help="start the Triton server")
+    add_serve_args(serve)
+    add_openai_args(serve)
     sub.add_parser("generate", help="one request to a running server", add_help=False)
     sub.add_parser("chat", help="interactive chat with a running server", add_help=False)
     sub.add_parser(

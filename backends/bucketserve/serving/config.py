@@ -54,6 +54,7 @@ class ServeConfig:
     max_queued_requests: int = 0  # 0: sized from memory at start (scheduling/admission.py)
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
     restart_backoff_max_s: float = 30.0  # supervisor: longest wait between restarts
+    openai_port: int = 9000  # the OpenAI-compatible front end's port; 0: do not start it
 
     def __post_init__(self) -> None:
         if self.policy not in KNOWN_POLICIES:
@@ -71,6 +72,10 @@ class ServeConfig:
             port = getattr(self, name)
             if not 0 < port < 65536:
                 raise ValueError(f"{name} must be in 1..65535, got {port}")
+        if not 0 <= self.openai_port < 65536:
+            raise ValueError(
+                f"openai_port must be in 0..65535 (0 disables), got {self.openai_port}"
+            )
         if self.block_size is not None and not 1 <= self.block_size <= 1024:
             raise ValueError(f"block_size must be in 1..1024, got {self.block_size}")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:

@@ -1,35 +1,99 @@
-"""The user-facing tensor contract: parse inputs into GenerateParams with boundary validation."""
+"""The user-facing tensor contract: one table declares every input (it renders the Triton
+configs) and drives the parser into one request record, GenerateParams.
+
+Both stock conventions are accepted: TensorRT-LLM's (`[1, 1]` tensors, `end_id`, `beam_width`,
+`return_log_probs`, ...) and the vLLM backend's (`[1]` tensors, `sampling_parameters` JSON,
+`return_logprobs`, ...).
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import numpy as np
 
+from bucketserve.engine.sampling_params import SamplingParams  # torch-free
+from bucketserve.serving.contract_rules import reject_unsupported, vllm_sampling
+
 SLO_CLASSES = ("online", "offline")
-SCALAR_INPUTS = {  # name -> python type of its scalar value
-    "max_tokens": int,
-    "stream": bool,
-    "temperature": float,
-    "top_p": float,
-    "top_k": int,
-    "seed": int,
-    "min_tokens": int,
-    "min_length": int,
-    "exclude_input_in_output": bool,
-    "return_num_input_tokens": bool,
-    "return_num_output_tokens": bool,
-    "apply_chat_template": bool,
-    "slo_class": str,
-    "priority": int,
-    "ttft_slo_ms": float,
-    "tpot_slo_ms": float,
-    "sampling_parameters": str,
-    "stop": bool,
-}
-VLLM_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "min_tokens")
+_KINDS = {"STRING": str, "BOOL": bool, "FP32": float, "INT32": int, "UINT64": int}
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One optional user input: Triton type, and what it sets ("sampling.x", "x" or "")."""
+
+    name: str
+    dtype: str
+    target: str = ""  # "" means handled by name in parse_params / contract_rules
+    is_list: bool = False  # dims [-1] (a list of strings) instead of one value
+
+
+INPUTS = (
+    Input("text_input", "STRING"),
+    Input("max_tokens", "INT32", "sampling.max_tokens"),
+    Input("stream", "BOOL", "stream"),
+    Input("temperature", "FP32", "sampling.temperature"),
+    Input("top_p", "FP32", "sampling.top_p"),
+    Input("top_k", "INT32", "sampling.top_k"),
+    Input("seed", "UINT64", "sampling.seed"),
+    Input("random_seed", "UINT64", "sampling.seed"),  # TensorRT-LLM's older name
+    Input("min_tokens", "INT32", "sampling.min_tokens"),
+    Input("min_length", "INT32"),  # TensorRT-LLM / genai-perf name of min_tokens
+    Input("repetition_penalty", "FP32", "sampling.repetition_penalty"),
+    Input("presence_penalty", "FP32", "sampling.presence_penalty"),
+    Input("frequency_penalty", "FP32", "sampling.frequency_penalty"),
+    Input("stop_words", "STRING", "stop_words", is_list=True),
+    Input("bad_words", "STRING", "bad_words", is_list=True),
+    Input("end_id", "INT32"),
+    Input("pad_id", "INT32"),
+    Input("beam_width", "INT32"),
+    Input("num_return_sequences", "INT32"),
+    Input("length_penalty", "FP32"),  # beam search only: no effect at beam_width 1
+    Input("return_log_probs", "BOOL"),
+    Input("return_logprobs", "BOOL"),
+    Input("return_cumulative_logprob", "BOOL"),
+    Input("return_finish_reason", "BOOL"),  # finish_reason is always returned
+    Input("return_context_logits", "BOOL"),
+    Input("return_generation_logits", "BOOL"),
+    Input("exclude_input_in_output", "BOOL", "exclude_input_in_output"),
+    Input("return_num_input_tokens", "BOOL", "return_num_input_tokens"),
+    Input("return_num_output_tokens", "BOOL", "return_num_output_tokens"),
+    Input("apply_chat_template", "BOOL", "apply_chat_template"),
+    Input("slo_class", "STRING"),
+    Input("priority", "INT32"),
+    Input("ttft_slo_ms", "FP32"),
+    Input("tpot_slo_ms", "FP32"),
+    Input("sampling_parameters", "STRING"),
+    Input("stop", "BOOL", "stop"),
+)
+INPUT_NAMES = tuple(i.name for i in INPUTS)
+OUTPUTS = (
+    ("text_output", "STRING"),
+    ("finish_reason", "STRING"),
+    ("num_input_tokens", "INT32"),
+    ("num_output_tokens", "INT32"),
+    ("output_log_probs", "FP32"),  # TensorRT-LLM: log-prob of each token in this response
+    ("cum_log_probs", "FP32"),  # TensorRT-LLM: their running sum
+    ("logprobs", "STRING"),  # vLLM backend: JSON, one {token_id: {logprob, rank, ...}} per token
+)
+OUTPUT_NAMES = tuple(name for name, _ in OUTPUTS)
+
+
+def input_declarations() -> str:
+    """The `input [...]` body every entry model and `preprocessing` declare."""
+    lines = [
+        f'  {{ name: "{i.name}" data_type: TYPE_{i.dtype} dims: [ {-1 if i.is_list else 1} ] '
+        f"optional: true }}"
+        for i in INPUTS
+    ]
+    return ",\n".join(lines)
+
+
+def output_declarations() -> str:
+    """The `output [...]` body of the entry models and `decode`."""
+    return ",\n".join(f'  {{ name: "{n}" data_type: TYPE_{t} dims: [ -1 ] }}' for n, t in OUTPUTS)
 
 
 @dataclass(slots=True)
@@ -37,14 +101,10 @@ class GenerateParams:
     """One generation request after validation; travels as JSON between the Triton models."""
 
     request_id: str = ""
-    max_tokens: int = 64
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    min_tokens: int = 0
     stop_words: list[str] = field(default_factory=list)
+    bad_words: list[str] = field(default_factory=list)  # preprocess tokenizes them into sampling
     exclude_input_in_output: bool = True
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
@@ -56,16 +116,25 @@ class GenerateParams:
     prompt_text: str = ""  # kept only when the prompt is echoed (exclude_input_in_output=false)
     num_input_tokens: int = 0
 
+    @property
+    def max_tokens(self) -> int:
+        """The generation budget (lives in the sampling record)."""
+        return self.sampling.max_tokens
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> GenerateParams:
-        return cls(**json.loads(text))
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> GenerateParams:
+        return cls(**{**obj, "sampling": SamplingParams(**obj.get("sampling", {}))})
 
 
-def scalar(arr: np.ndarray | None, name: str, kind: type) -> Any:
-    """The single value of a [1] tensor; ValueError naming the field for any other shape."""
+def scalar(arr: np.ndarray | None, name: str, kind: type):
+    """The single value of a [1] or [1, 1] tensor; ValueError naming the field otherwise."""
     if arr is None:
         return None
     if arr.size != 1:
@@ -78,103 +147,81 @@ def scalar(arr: np.ndarray | None, name: str, kind: type) -> Any:
     return kind(value.item() if hasattr(value, "item") else value)
 
 
-def text_input(arr: np.ndarray | None) -> str:
-    if arr is None:
-        raise ValueError("text_input is required (BYTES [1])")
-    text = scalar(arr, "text_input", str)
-    if not text.strip():
-        raise ValueError("text_input must not be empty")
-    return text
-
-
-def stop_words(arr: np.ndarray | None) -> list[str]:
+def strings(arr: np.ndarray | None) -> list[str]:
+    """A BYTES list ([-1] or [1, -1]) as non-empty strings."""
     if arr is None:
         return []
     words = [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in arr.reshape(-1)]
     return [w for w in words if w]
 
 
+def read_values(inputs: dict[str, np.ndarray]) -> dict:
+    """{name: python value} for the inputs present."""
+    return {
+        i.name: strings(inputs[i.name])
+        if i.is_list
+        else scalar(inputs[i.name], i.name, _KINDS[i.dtype])
+        for i in INPUTS
+        if inputs.get(i.name) is not None and i.name != "text_input"
+    }
+
+
+def text_input(arr: np.ndarray | None) -> str:
+    if arr is None:
+        raise ValueError("text_input is required (BYTES [1], or [1, 1] with a batch dimension)")
+    text = scalar(arr, "text_input", str)
+    if not text.strip():
+        raise ValueError("text_input must not be empty")
+    return text
+
+
 def parse_params(inputs: dict[str, np.ndarray], default_max_tokens: int) -> GenerateParams:
     """Build GenerateParams from the request's tensors; every error names the field and limit."""
-    values = {name: scalar(inputs.get(name), name, kind) for name, kind in SCALAR_INPUTS.items()}
-    values.update(vllm_sampling(values.pop("sampling_parameters")))
-    p = GenerateParams(
-        max_tokens=default_max_tokens, stop_words=stop_words(inputs.get("stop_words"))
-    )
-    for name in (
-        "max_tokens",
-        "stream",
-        "temperature",
-        "top_p",
-        "top_k",
-        "seed",
-        "min_tokens",
-        "exclude_input_in_output",
-        "return_num_input_tokens",
-        "return_num_output_tokens",
-        "apply_chat_template",
-        "stop",
-    ):
-        if values.get(name) is not None:
-            setattr(p, name, values[name])
-    if values.get("min_length") is not None and values.get("min_tokens") is None:
-        p.min_tokens = values["min_length"]  # genai-perf sends min_length
+    values = read_values(inputs)
+    reject_unsupported(values)
+    sampling: dict = {"max_tokens": default_max_tokens}
+    record: dict = {}
+    json_values = vllm_sampling(values.get("sampling_parameters"))
+    record["stop_words"] = json_values.pop("stop_words", [])
+    sampling.update(json_values)  # explicit tensors below win over the JSON
+    for i in INPUTS:
+        if i.target and values.get(i.name) is not None:
+            if i.target.startswith("sampling."):
+                sampling[i.target.removeprefix("sampling.")] = values[i.name]
+            elif i.target == "stop_words":
+                record["stop_words"] = record["stop_words"] + values[i.name]
+            else:
+                record[i.target] = values[i.name]
+    apply_special(values, sampling)
+    p = GenerateParams(sampling=SamplingParams(**sampling), **record)
     apply_slo(p, values)
-    validate(p)
     return p
 
 
-def vllm_sampling(text: str | None) -> dict[str, Any]:
-    """Accept vLLM-backend style `sampling_parameters` JSON for the common keys (values may be
-    strings, as genai-perf sends them)."""
-    if not text:
-        return {}
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"sampling_parameters must be a JSON object: {e}") from None
-    if not isinstance(obj, dict):
-        raise ValueError("sampling_parameters must be a JSON object")
-    out = {}
-    for key in VLLM_SAMPLING_KEYS:
-        if obj.get(key) is None:
-            continue
-        kind = float if key in ("temperature", "top_p") else int
-        try:
-            out[key] = kind(obj[key])
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"sampling_parameters.{key} must be a number, got {obj[key]!r}"
-            ) from None
-    return out
+def apply_special(values: dict, sampling: dict) -> None:
+    """Aliases and TensorRT-LLM inputs that map onto sampling fields indirectly."""
+    if values.get("min_length") is not None and values.get("min_tokens") is None:
+        sampling["min_tokens"] = values["min_length"]
+    if values.get("end_id") is not None:  # TensorRT-LLM: end_id replaces the model's EOS
+        sampling["stop_token_ids"] = (*sampling.get("stop_token_ids", ()), values["end_id"])
+        sampling["ignore_eos"] = True
+    wants = ("return_log_probs", "return_logprobs", "return_cumulative_logprob")
+    if any(values.get(n) for n in wants) and sampling.get("logprobs") is None:
+        sampling["logprobs"] = 0
 
 
-def apply_slo(p: GenerateParams, values: dict[str, Any]) -> None:
+def apply_slo(p: GenerateParams, values: dict) -> None:
     if values.get("slo_class") is not None:
         p.slo_class = values["slo_class"]
     elif values.get("priority") is not None:
         p.slo_class = "offline" if values["priority"] > 0 else "online"
+    if p.slo_class not in SLO_CLASSES:
+        raise ValueError(f"slo_class must be one of {SLO_CLASSES}, got {p.slo_class!r}")
     for name, attr in (("ttft_slo_ms", "ttft_slo_s"), ("tpot_slo_ms", "tpot_slo_s")):
         if values.get(name) is not None:
             if values[name] <= 0:
                 raise ValueError(f"{name} must be > 0, got {values[name]}")
             setattr(p, attr, values[name] / 1000.0)
-
-
-def validate(p: GenerateParams) -> None:
-    """Sampling fields are checked by the engine's own SamplingParams (one set of limits)."""
-    from bucketserve.engine.sampling_params import SamplingParams  # torch-free
-
-    SamplingParams(
-        temperature=p.temperature,
-        top_p=p.top_p,
-        top_k=p.top_k,
-        seed=p.seed,
-        min_tokens=p.min_tokens,
-        max_tokens=p.max_tokens,
-    )
-    if p.slo_class not in SLO_CLASSES:
-        raise ValueError(f"slo_class must be one of {SLO_CLASSES}, got {p.slo_class!r}")
 
 
 def check_context(p: GenerateParams, num_prompt_tokens: int, max_model_len: int) -> None:

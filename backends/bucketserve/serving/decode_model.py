@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -28,15 +29,28 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 GAUGE_INTERVAL_S = 0.25
 
 
-def response(text: str, reason: str, n_in: int, n_out: int):
+def response(text: str, reason: str, n_in: int, n_out: int, logprobs=None):
+    """One response; the log-prob outputs are empty unless the request asked for them."""
+    entries, cum = logprobs or ([], 0.0)
     return pb_utils.InferenceResponse(
         output_tensors=[
             bytes_tensor("text_output", text),
             bytes_tensor("finish_reason", reason),
             pb_utils.Tensor("num_input_tokens", np.array([n_in], dtype=np.int32)),
             pb_utils.Tensor("num_output_tokens", np.array([n_out], dtype=np.int32)),
+            *logprob_tensors(entries, cum),
         ]
     )
+
+
+def logprob_tensors(entries: list[dict], cum: float) -> list:
+    """TensorRT-LLM's output_log_probs / cum_log_probs and the vLLM backend's logprobs JSON."""
+    values = [next(iter(e.values()))["logprob"] for e in entries]
+    return [
+        pb_utils.Tensor("output_log_probs", np.asarray(values, dtype=np.float32)),
+        pb_utils.Tensor("cum_log_probs", np.asarray([cum] if entries else [], dtype=np.float32)),
+        bytes_tensor("logprobs", json.dumps(entries) if entries else ""),
+    ]
 
 
 class DecodeModel:
@@ -177,8 +191,8 @@ class DecodeModel:
         self.worker.runner.close()
 
 
-def send(sender, text: str, reason: str, n_in: int, n_out: int, final: bool) -> None:
-    sender.send(response(text, reason, n_in, n_out), flags=FINAL if final else 0)
+def send(sender, text: str, reason: str, n_in: int, n_out: int, final: bool, logprobs=None):
+    sender.send(response(text, reason, n_in, n_out, logprobs), flags=FINAL if final else 0)
 
 
 def send_error(sender, message: str, busy: bool) -> None:

@@ -21,6 +21,7 @@ class Delta:
     first_token_s: float = 0.0  # wall time of the first token (set on the first delta)
     admitted_s: float = 0.0  # wall time the KV was pulled
     busy: bool = False  # the error is about capacity (server busy), not the request
+    logprobs: list[dict] = field(default_factory=list)  # per token, when the request asked
 
 
 @dataclass(slots=True, eq=False)
@@ -36,3 +37,8 @@ class Stream:
     queued_s: float = field(default_factory=time.monotonic)
     recompute: bool = False
     done: bool = False
+    logprobs: list[dict] = field(default_factory=list)  # not yet handed to the sender
+
+    def take_logprobs(self) -> list[dict]:
+        out, self.logprobs = self.logprobs, []
+        return out

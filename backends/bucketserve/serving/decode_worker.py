@@ -11,9 +11,9 @@ from collections import deque
 
 from bucketserve.scheduling.memory import DecodeMemory, capacity_message
 from bucketserve.serving.decode_stream import Delta, Stream
-from bucketserve.serving.detok import TextStream
-from bucketserve.serving.engine_glue import new_sequence, publish_stats
-from bucketserve.serving.handoff import Handoff, PrefillRow
+from bucketserve.serving.detok import TextStream, logprob_entry
+from bucketserve.serving.engine_glue import logprob_list, new_sequence, publish_stats
+from bucketserve.serving.handoff import Handoff
 from bucketserve.serving.kv_intake import KvIntake
 
 IDLE_WAIT_S = 0.01
@@ -53,7 +53,7 @@ class DecodeWorker:
         self.waiting: deque[Stream] = deque()
         self.running: list[Stream] = []  # in arrival order: the tail is preempted first
         self.intake = KvIntake(runner)
-        self.num_finished = self.num_preemptions = self.num_recomputed_tokens = 0
+        self.num_preemptions = self.num_recomputed_tokens = 0  # read by the metrics thread
         self.stopping = False
 
     def submit(self, key: int, handoff: Handoff) -> None:
@@ -121,9 +121,9 @@ class DecodeWorker:
             if now - s.queued_s > self.timeout_s / 3 and self.fits(s):
                 h = s.handoff
                 self.ack(h)
-                s.seq, s.recompute = new_sequence(h.prompt_ids, PrefillRow.of(h.params)), True
+                s.seq, s.recompute = new_sequence(h.prompt_ids, h.params.sampling), True
                 s.text = TextStream(self.tokenizer, h.params.stop_words)
-                self.emit(s, h.first_token, first_token_s=time.time())
+                self.emit(s, h.first_token, h.first_logprob, first_token_s=time.time())
 
     def fits(self, s: Stream) -> bool:
         """Whether the request can ever fit this pool; if not it ends with a busy error."""
@@ -165,7 +165,7 @@ class DecodeWorker:
 
     def pull(self, s: Stream) -> None:
         h = s.handoff
-        s.seq = new_sequence(h.prompt_ids, PrefillRow.of(h.params))
+        s.seq = new_sequence(h.prompt_ids, h.params.sampling)
         self.blocks.allocate_for(s.seq, h.params.num_input_tokens)
         self.intake.copy(h, s.seq.block_table)
         if not self.ack(h):
@@ -176,22 +176,22 @@ class DecodeWorker:
         s.text = TextStream(self.tokenizer, h.params.stop_words)
         admitted = time.time()
         insort(self.running, s, key=lambda x: x.key)
-        self.emit(s, h.first_token, first_token_s=admitted, admitted_s=admitted)
+        self.emit(s, h.first_token, h.first_logprob, first_token_s=admitted, admitted_s=admitted)
 
     def recompute(self, streams: list[Stream]) -> None:
         """Rebuild the KV of preempted (or detached) requests by one prefill over all their
         tokens; the token it samples is their next token, as a decode step would give."""
         try:
-            tokens = self.runner.prefill([s.seq for s in streams])
+            out = self.runner.prefill_sampled([s.seq for s in streams])
         except Exception as e:
             for s in streams:
                 self.finish(s, "error", error=f"decode recompute failed: {_describe(e)}")
             return
-        for s, tok in zip(streams, tokens, strict=True):
+        for s, tok, lp in zip(streams, out.tokens, out.logprobs, strict=True):
             s.recompute = False
             self.num_recomputed_tokens += s.seq.num_tokens
             insort(self.running, s, key=lambda x: x.key)
-            self.emit(s, tok)
+            self.emit(s, tok, logprob_list(lp))
 
     def ack(self, h: Handoff) -> bool:
         return self.intake.ack(h)
@@ -212,30 +212,34 @@ class DecodeWorker:
         self.grow()
         seqs = [s.seq for s in self.running]
         try:
-            tokens = self.runner.decode(seqs) if seqs else []
+            out = self.runner.decode_sampled(seqs) if seqs else None
         except Exception as e:  # fail this batch with a FINAL error each, keep serving
             for s in list(self.running):
                 self.finish(s, "error", error=f"decode step failed: {_describe(e)}")
             return
-        for s, tok in zip(list(self.running), tokens, strict=True):
-            self.emit(s, tok)
+        if out is None:
+            return
+        for s, tok, lp in zip(list(self.running), out.tokens, out.logprobs, strict=True):
+            self.emit(s, tok, logprob_list(lp))
 
     def emit(
-        self, s: Stream, token: int, first_token_s: float = 0.0, admitted_s: float = 0.0
+        self, s: Stream, token: int, logprob=None, first_token_s: float = 0.0, admitted_s=0.0
     ) -> None:
         """Append one sampled token, send its text, and finish the request when it is done."""
         s.seq.append_token(token)
         s.num_output += 1
         p = s.handoff.params
         times = {"first_token_s": first_token_s, "admitted_s": admitted_s}
-        if token in self.eos:  # the sampler masks EOS until min_tokens is reached
+        if logprob is not None:
+            s.logprobs.append(logprob_entry(self.tokenizer, token, logprob))
+        if p.sampling.is_stop_token(token, self.eos):  # masked until min_tokens is reached
             return self.finish(s, "stop", **times)
         text, stopped = s.text.push(token)
         if stopped:
             return self.finish(s, "stop", text, **times)
         if s.num_output >= p.max_tokens:
             return self.finish(s, "length", text, **times)
-        self.outbox.put(Delta(s.key, text, s.num_output, **times))
+        self.outbox.put(Delta(s.key, text, s.num_output, logprobs=s.take_logprobs(), **times))
 
     def finish(
         self, s: Stream, reason: str, text: str = "", error: str = "", busy: bool = False, **times
@@ -250,8 +254,10 @@ class DecodeWorker:
         if s.seq is not None and s.seq.block_table:
             self.blocks.release(s.seq)
         tail = s.text.flush() if s.text is not None and reason != "cancelled" else ""
-        self.num_finished += 1
-        self.outbox.put(Delta(s.key, text + tail, s.num_output, reason, error, busy=busy, **times))
+        lps = s.take_logprobs()
+        self.outbox.put(
+            Delta(s.key, text + tail, s.num_output, reason, error, busy=busy, logprobs=lps, **times)
+        )
 
     def publish(self) -> None:
         publish_stats(self.stats, self.runner, self.blocks, len(self.running), len(self.waiting), 0)

@@ -53,3 +53,20 @@ class TextStream:
         delta = self.text[self.sent :]
         self.sent = len(self.text)
         return delta
+
+
+def logprob_entry(tokenizer, token_id: int, logprob: list) -> dict:
+    """One token's log-probs in the vLLM backend's `logprobs` JSON shape: {token id: {logprob,
+    rank, decoded_token}}, the sampled token first, then the top alternatives by rank.
+    `logprob` is [logprob of token_id, top ids, top logprobs] as the sampler returns it."""
+    value, top_ids, top_lps = logprob
+    rank = top_ids.index(token_id) + 1 if token_id in top_ids else None
+    entry = {str(token_id): _lp(tokenizer, token_id, value, rank)}
+    for r, (tid, lp) in enumerate(zip(top_ids, top_lps, strict=True), start=1):
+        entry.setdefault(str(tid), _lp(tokenizer, tid, lp, r))
+    return entry
+
+
+def _lp(tokenizer, token_id: int, logprob: float, rank: int | None) -> dict:
+    text = tokenizer.decode([token_id], skip_special_tokens=False)
+    return {"logprob": logprob, "rank": rank, "decoded_token": text}

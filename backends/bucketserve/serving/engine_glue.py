@@ -6,7 +6,6 @@ import os
 import time
 
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.handoff import PrefillRow
 
 
 def cpu_threads(cfg: ServeConfig) -> int:
@@ -37,28 +36,25 @@ def build_runner(cfg: ServeConfig, device: str, pool_name: str):
         max_model_len=cfg.max_model_len,
         pool_name=pool_name,
         cuda_graphs=cfg.cuda_graphs,
+        # the largest batches this instance runs: they size its activation headroom on GPU
+        # and its static decode buffers
+        max_num_batched_tokens=cfg.max_prefill_tokens,
+        max_num_seqs=cfg.max_decode_batch,
         **optional,
     )
     return ModelRunner(ecfg)
 
 
-def sampling_of(row: PrefillRow):
-    from bucketserve.engine.sampling_params import SamplingParams
-
-    return SamplingParams(
-        temperature=row.temperature,
-        top_p=row.top_p,
-        top_k=row.top_k,
-        seed=row.seed,
-        min_tokens=row.min_tokens,
-        max_tokens=row.max_tokens,
-    )
-
-
-def new_sequence(token_ids: list[int], row: PrefillRow):
+def new_sequence(token_ids: list[int], sampling):
+    """An engine Sequence for a request's tokens and its SamplingParams (carried as is)."""
     from bucketserve.engine.sequence import Sequence
 
-    return Sequence(list(token_ids), sampling_of(row))
+    return Sequence(list(token_ids), sampling)
+
+
+def logprob_list(lp) -> list | None:
+    """A sampler TokenLogprob as JSON-ready [logprob, top ids, top logprobs] (None stays None)."""
+    return None if lp is None else [lp.logprob, lp.top_ids, lp.top_logprobs]
 
 
 def publish_stats(stats, runner, blocks, running: int, waiting: int, pending: int) -> None:

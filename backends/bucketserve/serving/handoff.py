@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.serving.contract import GenerateParams
 
 KIND_GENERATE = "generate"  # KV is waiting in a prefill pool: pull it and decode
@@ -30,6 +31,7 @@ class Handoff:
     sched_key: str = ""  # the scheduler's key, reported back when decode finishes
     arrival_s: float = 0.0  # wall-clock arrival at the scheduler (time.time())
     prefill_done_s: float = 0.0  # wall-clock end of prefill
+    first_logprob: list | None = None  # [logprob, top ids, top logprobs] of first_token
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -37,27 +39,17 @@ class Handoff:
     @classmethod
     def from_json(cls, text: str | bytes) -> Handoff:
         obj = json.loads(text)
-        obj["params"] = GenerateParams(**obj["params"])
+        obj["params"] = GenerateParams.from_dict(obj["params"])
         return cls(**obj)
 
 
-@dataclass(slots=True)
-class PrefillRow:
-    """One sequence of a packed prefill batch: its sampling parameters and identity."""
+def sampling_rows_json(params: list[GenerateParams]) -> str:
+    """The sampling records of a packed prefill batch, as they are (one per sequence)."""
+    return json.dumps([asdict(p.sampling) for p in params])
 
-    request_id: str
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-    min_tokens: int
-    max_tokens: int
 
-    @classmethod
-    def of(cls, p: GenerateParams) -> PrefillRow:
-        return cls(
-            p.request_id, p.temperature, p.top_p, p.top_k, p.seed, p.min_tokens, p.max_tokens
-        )
+def sampling_rows(text: str | bytes) -> list[SamplingParams]:
+    return [SamplingParams(**row) for row in json.loads(text)]
 
 
 @dataclass(slots=True)
@@ -67,6 +59,7 @@ class PrefillResult:
     first_token: int
     block_ids: list[int]
     handoff_id: int
+    logprob: list | None = None  # [logprob, top ids, top logprobs] when the request asked
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -44,6 +45,7 @@ class TritonServer:
         # behind the front (serving/front) Triton's HTTP listens on an internal loopback port
         self.internal_http = triton_http_port is not None
         self.http_port = cfg.http_port if triton_http_port is None else triton_http_port
+        self.openai: subprocess.Popen | None = None  # the OpenAI-compatible front end
 
     @property
     def http_url(self) -> str:
@@ -99,6 +101,7 @@ class TritonServer:
             start_new_session=True,
             preexec_fn=die_with_parent,  # a killed launcher takes its server with it
         )
+        self.openai = start_openai(self.cfg, self.run_dir)
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
         """Poll /v2/health/ready; raise with the log's tail if the server exits or times out."""
@@ -139,6 +142,7 @@ class TritonServer:
 
     def kill(self) -> None:
         """SIGKILL the server and every stub it started (also after it crashed), free its shm."""
+        stop_openai(self.openai)
         if self.proc is not None:
             # a crashed server's stubs live on in its process group (fact 18): always kill it
             stubs = [s.pid for s in stubs_of(self.proc.pid)]
@@ -163,6 +167,27 @@ class TritonServer:
 def triton_shm_prefix(run_id: str) -> str:
     """Prefix of the Python backend's shared-memory regions for one run (default: triton_python_...)."""
     return f"bs_{run_id}_tpb_"
+
+
+def start_openai(cfg: ServeConfig, run_dir: Path) -> subprocess.Popen | None:
+    """The OpenAI-compatible front end as its own process (it talks gRPC to Triton)."""
+    if not cfg.openai_port:
+        return None
+    cmd = [sys.executable, "-m", "bucketserve.serving.openai", "--run-config",
+           str(run_dir / "run_config.json"), "--host", cfg.host, "--port", str(cfg.openai_port)]  # fmt: skip
+    log = open(run_dir / "openai.log", "wb")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+
+
+def stop_openai(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def clean_shm(run_id: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -13,8 +12,8 @@ from bucketserve.kv.handoff import HandoffTable
 from bucketserve.kv.names import shm_name
 from bucketserve.kv.stats import StatsBlock
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.engine_glue import build_runner, new_sequence, publish_stats
-from bucketserve.serving.handoff import PrefillReply, PrefillResult, PrefillRow
+from bucketserve.serving.engine_glue import build_runner, logprob_list, new_sequence, publish_stats
+from bucketserve.serving.handoff import PrefillReply, PrefillResult, sampling_rows
 from bucketserve.serving.metrics import KvMetrics, instance_finished
 from bucketserve.serving.repository import model_index
 from bucketserve.serving.triton_io import bytes_tensor, model_parameter
@@ -53,7 +52,8 @@ class PrefillWorker:
                 self.blocks.free(freed)
             self.publish()
 
-    def run(self, ids: np.ndarray, seq_lens: np.ndarray, rows: list[PrefillRow]) -> PrefillReply:
+    def run(self, ids: np.ndarray, seq_lens: np.ndarray, rows: list) -> PrefillReply:
+        """Prefill one packed batch; `rows` are the sequences' SamplingParams."""
         start = time.perf_counter()
         self.reclaim()
         seqs, offset = [], 0
@@ -70,7 +70,7 @@ class PrefillWorker:
             for s in seqs:
                 self.blocks.allocate_for(s, s.num_tokens)
         try:
-            first = self.runner.prefill(seqs)
+            first = self.runner.prefill_sampled(seqs)
         except BaseException:
             with self.lock:
                 for s in seqs:
@@ -78,8 +78,13 @@ class PrefillWorker:
             raise
         now = time.monotonic()
         results = [
-            PrefillResult(tok, list(s.block_table), self.table.publish(list(s.block_table), now))
-            for tok, s in zip(first, seqs, strict=True)
+            PrefillResult(
+                tok,
+                list(s.block_table),
+                self.table.publish(list(s.block_table), now),
+                logprob_list(lp),
+            )
+            for tok, lp, s in zip(first.tokens, first.logprobs, seqs, strict=True)
         ]
         self.publish()
         return PrefillReply(
@@ -134,7 +139,7 @@ class PrefillModel:
             ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
             lens = pb_utils.get_input_tensor_by_name(request, "seq_lens").as_numpy().reshape(-1)
             raw = pb_utils.get_input_tensor_by_name(request, "sampling").as_numpy().reshape(-1)[0]
-            rows = [PrefillRow(**r) for r in json.loads(raw)]
+            rows = sampling_rows(raw)
             self.finished.increment(len(rows))  # its requests are done here, whatever happens
             start = time.time()
             reply = self.worker.run(ids, lens, rows)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from bucketserve.scheduling.admission import check_prompt_bytes
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import (
-    SCALAR_INPUTS,
+    INPUT_NAMES,
     GenerateParams,
     check_context,
     parse_params,
@@ -17,8 +19,6 @@ from bucketserve.serving.contract import (
 from bucketserve.serving.model_info import load_tokenizer, model_info
 from bucketserve.serving.overload import prompt_byte_limit
 from bucketserve.serving.triton_io import model_parameter, read_inputs
-
-INPUT_NAMES = ("text_input", "stop_words", *SCALAR_INPUTS)
 
 
 class Preprocessor:
@@ -49,6 +49,9 @@ class Preprocessor:
         check_prompt_bytes(text, self.max_prompt_bytes)  # before tokenizing megabytes
         ids = self.encode(text, params.apply_chat_template)
         check_context(params, len(ids), self.info.max_model_len)
+        if params.bad_words:  # token sequences the sampler must not complete
+            bad = [self.tokenizer.encode(w, add_special_tokens=False) for w in params.bad_words]
+            params.sampling = replace(params.sampling, bad_words_ids=tuple(map(tuple, bad)))
         params.num_input_tokens = len(ids)
         if not params.exclude_input_in_output:
             params.prompt_text = text

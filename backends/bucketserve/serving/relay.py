@@ -13,7 +13,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bucketserve.serving.decode_stream import Delta
 from bucketserve.serving.handoff import Handoff
@@ -30,10 +30,16 @@ class Client:
     buffer: str = ""
     first_token_s: float = 0.0
     echoed: bool = False
+    logprobs: list[dict] = field(default_factory=list)  # buffered with `buffer`
+    cum_logprob: float = 0.0
+
+    def take_logprobs(self) -> tuple[list[dict], float]:
+        out, self.logprobs = self.logprobs, []
+        return out, self.cum_logprob
 
 
 class ResponseRelay:
-    """`send(sender, text, reason, n_in, n_out, final)`, `send_error(sender, message, busy)`,
+    """`send(sender, text, reason, n_in, n_out, final, logprobs)`, `send_error(sender, message, busy)`,
     `on_final(delta, client)` (finish notice, metrics) are injected."""
 
     def __init__(self, worker, send: Callable, send_error: Callable, on_final: Callable) -> None:
@@ -91,6 +97,8 @@ class ResponseRelay:
             text = d.text
             if not client.echoed and p.prompt_text:
                 text, client.echoed = p.prompt_text + text, True
+            client.logprobs += d.logprobs
+            client.cum_logprob += sum(next(iter(e.values()))["logprob"] for e in d.logprobs)
             if not d.finish_reason and not p.stream:
                 client.buffer += text
                 continue
@@ -99,7 +107,8 @@ class ResponseRelay:
                 self.complete(d, client, text)
                 finished = True
             else:
-                self.send(client.sender, text, "", p.num_input_tokens, d.num_output_tokens, False)
+                self.send(client.sender, text, "", p.num_input_tokens, d.num_output_tokens, False,
+                          client.take_logprobs())  # fmt: skip
                 if client.sender.is_cancelled():
                     self.worker.cancel(d.key)
         return finished
@@ -114,7 +123,7 @@ class ResponseRelay:
             self.send_error(client.sender, d.error, d.busy)
         else:
             self.send(client.sender, text, d.finish_reason, p.num_input_tokens,
-                      d.num_output_tokens, True)  # fmt: skip
+                      d.num_output_tokens, True, client.take_logprobs())  # fmt: skip
         self.on_final(d, client)
 
 
@@ -130,4 +139,5 @@ def merge(items: list[Delta]) -> list[Delta]:
         prev.num_output_tokens = d.num_output_tokens
         prev.finish_reason, prev.error, prev.busy = d.finish_reason, d.error, d.busy
         prev.first_token_s = prev.first_token_s or d.first_token_s
+        prev.logprobs += d.logprobs
     return list(merged.values())

@@ -8,12 +8,17 @@ named in each hand-off; with one, the ensemble calls `decode_0` directly (no ext
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 from string import Template
 
 from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.contract import (
+    INPUT_NAMES,
+    OUTPUT_NAMES,
+    input_declarations,
+    output_declarations,
+)
 
 TEMPLATE_ENV = "BUCKETSERVE_MODEL_REPOSITORY"
 
@@ -62,12 +67,13 @@ def copies(template: str, cfg: ServeConfig) -> list[tuple[str, dict[str, str]]]:
 
 
 def template_vars(cfg: ServeConfig, templates: Path, run_config: Path) -> dict[str, str]:
-    user_inputs = (templates / "_user_inputs.pbtxt").read_text().rstrip()
-    names = re.findall(r'name: "(\w+)"', user_inputs)
-    input_map = "\n".join(f'      input_map {{ key: "{n}" value: "{n}" }}' for n in names)
+    # One table in serving/contract.py declares the user inputs and outputs of every model.
+    input_map = "\n".join(f'      input_map {{ key: "{n}" value: "{n}" }}' for n in INPUT_NAMES)
+    output_map = "\n".join(f'      output_map {{ key: "{n}" value: "{n}" }}' for n in OUTPUT_NAMES)
     return {
-        "user_inputs": user_inputs,
-        "user_outputs": (templates / "_user_outputs.pbtxt").read_text().rstrip(),
+        "user_inputs": input_declarations(),
+        "user_outputs": output_declarations(),
+        "decode_output_map": output_map,
         "preprocessing_input_map": input_map,
         "preprocessing_instances": str(cfg.preprocessing_instances),
         "decode_model": decode_step_model(cfg),

@@ -14,12 +14,13 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.contract import OUTPUT_NAMES
 from bucketserve.serving.guarded_sender import GuardedSender
 from bucketserve.serving.handoff import KIND_GENERATE, KIND_STOP, Handoff
 from bucketserve.serving.triton_io import model_parameter
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-OUTPUTS = ["text_output", "finish_reason", "num_input_tokens", "num_output_tokens"]
+OUTPUTS = list(OUTPUT_NAMES)
 
 
 class StepError(RuntimeError):
@@ -49,13 +50,15 @@ def is_final(resp) -> bool:
     return reason is not None and bool(reason.as_numpy().reshape(-1)[0])
 
 
-def relay(index: int, handoff_bytes: np.ndarray, sender) -> None:
-    """Forward decode_<index>'s stream to `sender`, ending with exactly one FINAL."""
+def relay(index: int, handoff_bytes: np.ndarray, sender, wrap=None) -> None:
+    """Forward decode_<index>'s stream to `sender`, ending with exactly one FINAL; `wrap`
+    reshapes each output tensor (a TensorRT-LLM-shaped entry model adds the batch dimension)."""
     try:
         for resp in decode_stream(index, handoff_bytes):
             final = is_final(resp)
+            outputs = [wrap(t) for t in resp.output_tensors()] if wrap else resp.output_tensors()
             sender.send(
-                pb_utils.InferenceResponse(output_tensors=resp.output_tensors()),
+                pb_utils.InferenceResponse(output_tensors=outputs),
                 flags=FINAL if final else 0,
             )
             if final:

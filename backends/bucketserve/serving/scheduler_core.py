@@ -199,7 +199,7 @@ class SchedulerCore:
                 prefill_index=reply.index, decode_index=decode_index, pool=reply.pool,
                 handoff_table=reply.handoff_table, handoff_id=res.handoff_id,
                 block_ids=res.block_ids, arrival_s=item.arrival_s, prefill_done_s=done,
-                sched_key=meta.request_id,
+                sched_key=meta.request_id, first_logprob=res.logprob,
             ))  # fmt: skip
 
     def close(self) -> list[Waiting]:

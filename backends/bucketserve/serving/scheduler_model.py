@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from dataclasses import asdict
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -15,7 +13,7 @@ from bucketserve.scheduling import make_scheduler
 from bucketserve.serving.cluster import ClusterStats
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.handoff import Handoff, PrefillReply, PrefillRow
+from bucketserve.serving.handoff import Handoff, PrefillReply, sampling_rows_json
 from bucketserve.serving.metrics import PlacementMetrics, SchedulerMetrics
 from bucketserve.serving.model_info import model_info
 from bucketserve.serving.notify import FinishListener, socket_path
@@ -42,7 +40,7 @@ def call_prefill(index: int, items: list[Waiting]) -> PrefillReply:
     """One BLS call to `prefill_<index>` (the instance the scheduler chose) with the batch."""
     ids = np.concatenate([np.asarray(i.ids, dtype=np.int32) for i in items])
     lens = np.asarray([len(i.ids) for i in items], dtype=np.int32)
-    rows = json.dumps([asdict(PrefillRow.of(i.params)) for i in items])
+    rows = sampling_rows_json([i.params for i in items])
     request = pb_utils.InferenceRequest(
         model_name=f"prefill_{index}",
         requested_output_names=["result"],

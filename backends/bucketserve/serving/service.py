@@ -16,6 +16,10 @@ from bucketserve.serving.procs import become_subreaper
 from bucketserve.serving.supervisor import Supervisor
 
 
+def openai_url(cfg: ServeConfig) -> str:
+    return f"http://{cfg.host}:{cfg.openai_port}/v1" if cfg.openai_port else "off (--openai-port 0)"
+
+
 def banner(cfg: ServeConfig, log_path) -> str:
     base = f"http://{cfg.host}:{cfg.http_port}"
     return (
@@ -25,6 +29,7 @@ def banner(cfg: ServeConfig, log_path) -> str:
         f"  gRPC     {cfg.host}:{cfg.grpc_port}  (models: bucketserve, bucketserve_bls)\n"
         f"  metrics  http://{cfg.host}:{cfg.metrics_port}/metrics (Triton, models),"
         f" {base}/metrics (restarts, front)\n"
+        f"  OpenAI   {openai_url(cfg)}\n"
         f"  log      {log_path}\n"
         f"Ctrl-C to stop."
     )

@@ -77,43 +77,52 @@ def _verdict(r: list[float], claim: float, reason: str) -> str:
     return f"**refuted**: {reason}"
 
 
-def claims(g: dict, offline: list[dict]) -> list[str]:
-    off = {}
+def claims(g: dict, offline: list[dict], rows: list[dict]) -> list[str]:
+    off: dict[str, dict[int, float]] = {}
     for r in offline:
         off.setdefault(r["system"], {})[int(r["seed"])] = float(r["throughput_tok_s"])
     bo, do = off.get("bucketserve 2P2D", {}), off.get("distserve 2P2D", {})
     off_ratio = [bo[s] / do[s] for s in sorted(bo) if s in do]
-    rows = [("offline throughput vs DistServe, Mixed", 1.31, off_ratio,
-             "offline Mixed is decode-KV-bound; prefill batching cannot raise it")]  # fmt: skip
+    same = "distserve 2P2D"
+    items = [("offline throughput vs DistServe, Mixed", 1.31, off_ratio, off_ratio,
+              "offline Mixed is decode-KV-bound; prefill batching cannot raise it")]  # fmt: skip
     for w, claim in (("mixed", 1.93), ("alpaca", 1.37)):
         best = best_placement(g, w)
-        r = ratios(g, "bucketserve 2P2D", best, w, 0.8)
-        rows.append((f"load at 80 % vs DistServe ({best}), {w}", claim, r,
-                     "the CI lies below the claim on the same simulated engine (see Interpretation)"))  # fmt: skip
-    cap = ratios(g, "bucketserve 2P2D", best_placement(g, "mixed"), "mixed", "capacity")
-    rows.append(("capacity vs DistServe, Mixed", 1.4, cap, "capacity is decode-KV-bound on both"))
-    lines = [
-        "| claim | paper | this simulation (ratio, mean ± CI) | verdict |",
-        "|---|---|---|---|",
-    ]
-    for name, claim, r, reason in rows:
-        lines.append(f"| {name} | {claim}× | {fmt_ci(r)}× | {_verdict(r, claim, reason)} |")
-    share = max((v["decision_share"] for (s, _), seeds in g.items() if s.startswith("bucketserve 2P2D")
-                 for v in seeds.values()), default=math.nan)  # fmt: skip
-    verdict = (
-        "**reproduced** (scheduler CPU time vs simulated GPU time)"
-        if share < 0.01
-        else "**refuted**"
-    )
-    lines.append(
-        f"| bucketing overhead | < 1 % | max {100 * share:.3f} % of GPU time | {verdict} |"
-    )
+        items.append((f"load at 80 % vs DistServe, {w} (searched: {best})", claim,
+                      ratios(g, "bucketserve 2P2D", best, w, 0.8),
+                      ratios(g, "bucketserve 2P2D", same, w, 0.8),
+                      "below the claim on the same simulated engine (see Interpretation)"))  # fmt: skip
+    best = best_placement(g, "mixed")
+    items.append(("capacity vs DistServe, Mixed", 1.4,
+                  ratios(g, "bucketserve 2P2D", best, "mixed", "capacity"),
+                  ratios(g, "bucketserve 2P2D", same, "mixed", "capacity"),
+                  "capacity is decode-KV-bound on both"))  # fmt: skip
+    lines = ["| claim | paper | vs DistServe, searched placement | vs DistServe 2P2D | verdict |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for name, claim, r, r_same, reason in items:
+        verdict = _verdict(r, claim, reason)
+        lines.append(f"| {name} | {claim}× | {fmt_ci(r)}× | {fmt_ci(r_same)}× | {verdict} |")
+    lines.append(_overhead(rows))
     for name, claim in (
         ("offline throughput vs UELLM", "3.58×"),
         ("capacity vs UELLM, Alpaca / Mixed", "1.975× / 3.47×"),
     ):
-        lines.append(f"| {name} | {claim} | — | **not testable**: no UELLM stand-in (static is HF-like batching, not UELLM's predictor + SLO-ODBS); ratios dropped |")  # fmt: skip
+        lines.append(f"| {name} | {claim} | — | — | **not testable**: no UELLM stand-in (static is HF-like batching, not UELLM's predictor + SLO-ODBS); ratios dropped |")  # fmt: skip
     return lines
+
+
+def _overhead(rows: list[dict]) -> str:
+    """Decision time over simulated GPU time, faithful bucketserve runs (wall-clock timing)."""
+    share = sorted(r["decision_share"] for r in rows if r["policy"] == "bucketserve 2P2D")
+    if not share:
+        return "| bucketing overhead | < 1 % | not measured | — | — |"
+    med, p95 = share[len(share) // 2], share[int(0.95 * (len(share) - 1))]
+    verdict = "**reproduced**" if med < 0.01 else "**refuted**"
+    return (
+        f"| bucketing overhead | < 1 % | median {100 * med:.3f} %, p95 {100 * p95:.2f} %, max "
+        f"{100 * share[-1]:.2f} % of GPU time over {len(share)} runs | — | {verdict} (median; the "
+        "decision time is wall-clock on a machine at load 15-45, so the tail is inflated) |"
+    )
 
 
 def offline_table(offline: list[dict]) -> list[str]:
@@ -156,7 +165,7 @@ def document(g, rows, offline, wall_s, validation) -> str:
     from bucketserve.sim.evidence_validation import validation_table
 
     parts = ["### Method", "", *method(g, rows, wall_s), "", "### Baselines and topologies", "",
-             *main_tables(g), "### The paper's claims", "", *claims(g, offline), "",
+             *main_tables(g), "### The paper's claims", "", *claims(g, offline, rows), "",
              "Offline throughput:", "", *offline_table(offline), "",
              "### Padded prefill (the paper's premise), Mixed", "", *table(g, _labels("padded"), "mixed",
              [("padding ratio", lambda g, s, w: fmt_ci(values(g, s, w, "padding")))]), "",

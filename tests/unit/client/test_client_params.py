@@ -61,8 +61,10 @@ def all_params() -> GenerationParams:
 
 
 def server_contract() -> dict[str, tuple[str, list[int]]]:
-    """name -> (datatype, dims) of the server's inputs, read from the model repository."""
-    text = (REPO / "model_repository" / "_user_inputs.pbtxt").read_text()
+    """name -> (datatype, dims) of the server's inputs, as the model configs declare them."""
+    from bucketserve.serving.contract import input_declarations
+
+    text = input_declarations()
     rows = re.findall(r'name: "(\w+)" data_type: TYPE_(\w+) dims: \[ ([-\d, ]+) \]', text)
     dtype = {"STRING": "BYTES"}
     return {n: (dtype.get(t, t), [int(d) for d in dims.split(",")]) for n, t, dims in rows}

@@ -57,7 +57,7 @@ def test_copy_blocks_gathers_and_scatters(names):
 
 def test_copy_is_chunked_with_a_bounded_temporary(names, monkeypatch):
     """The old copy gathered the whole transfer at once (16 GiB for a 128k prompt on 8B)."""
-    from bucketserve.kv import transport
+    from bucketserve.kv import block_copy as transport
 
     shape = (3, 2, 40, 4, 3, 8)
     src, h_src = allocate_pool(shape, "float32", "cpu", names("a"))

@@ -132,3 +132,8 @@ def test_algorithm_1_runs_per_task_type():
     assert b.total == 11 and [m.request_id for m in b.all_requests()][-1] == "s0"
     b.remove("s0")
     assert "s0" not in b and b.total == 10
+
+
+def test_an_idle_task_type_manager_shows_one_bucket(clock):
+    s = make("bucketserve", clock)
+    assert s.snapshot().to_dict()["bucket_boundaries"] == [[0, 4096]]

@@ -7,6 +7,8 @@ import queue
 from types import SimpleNamespace
 
 from bucketserve.engine.block_manager import BlockManager
+from bucketserve.engine.sampler import SampleOutput
+from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.engine.sequence import Sequence
 from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.decode_stream import Stream
@@ -22,11 +24,11 @@ class FlakyRunner:
     def __init__(self) -> None:
         self.calls = 0
 
-    def decode(self, seqs):
+    def decode_sampled(self, seqs):
         self.calls += 1
         if self.calls == 1:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return [7] * len(seqs)
+        return SampleOutput([7] * len(seqs), [None] * len(seqs))
 
 
 def make_worker():
@@ -39,7 +41,12 @@ def running_stream(key: int, blocks: BlockManager) -> Stream:
     seq = Sequence([1, 2, 3, 4, 5])
     blocks.allocate_for(seq, 12)
     text = SimpleNamespace(push=lambda token: ("x", False), flush=lambda: "")  # detokenizer stub
-    return Stream(key, Handoff(KIND_GENERATE, GenerateParams(max_tokens=8)), seq=seq, text=text)
+    return Stream(
+        key,
+        Handoff(KIND_GENERATE, GenerateParams(sampling=SamplingParams(max_tokens=8))),
+        seq=seq,
+        text=text,
+    )
 
 
 def drain(outbox: queue.Queue) -> list:
@@ -65,7 +72,7 @@ def test_failed_step_finishes_the_batch_with_errors():
 
 def test_failed_pull_fails_that_request_only():
     worker, blocks, outbox = make_worker()
-    params = GenerateParams(max_tokens=4, num_input_tokens=3)
+    params = GenerateParams(sampling=SamplingParams(max_tokens=4), num_input_tokens=3)
     bad = Handoff(KIND_GENERATE, params, prompt_ids=[1, 2, 3], first_token=5,
                   pool='{"not": "a pool handle"}', block_ids=[0])  # fmt: skip
     worker.submit(9, bad)

@@ -8,6 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 from bucketserve.engine.block_manager import BlockManager
+from bucketserve.engine.sampler import SampleOutput
+from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.serving import decode_worker as dw
 from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.decode_worker import DecodeWorker
@@ -45,6 +47,12 @@ class ContextRunner:
             self._check(s)
         return [next_token(s.token_ids) for s in seqs]
 
+    def prefill_sampled(self, seqs):
+        return SampleOutput(self.prefill(seqs), [None] * len(seqs))
+
+    def decode_sampled(self, seqs):
+        return SampleOutput(self.decode(seqs), [None] * len(seqs))
+
 
 class Words:
     """Detokenizer stand-in: one word per token."""
@@ -68,7 +76,9 @@ def no_shared_memory(monkeypatch):
 
 
 def handoff(prompt: list[int], max_tokens: int) -> Handoff:
-    params = GenerateParams(max_tokens=max_tokens, num_input_tokens=len(prompt))
+    params = GenerateParams(
+        sampling=SamplingParams(max_tokens=max_tokens), num_input_tokens=len(prompt)
+    )
     return Handoff(KIND_GENERATE, params, prompt_ids=prompt, first_token=next_token(prompt),
                    block_ids=list(range(-(-len(prompt) // 4))))  # fmt: skip
 

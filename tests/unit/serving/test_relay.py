@@ -31,7 +31,7 @@ class Worker:
 def make():
     worker, finals = Worker(), []
 
-    def send(sender, text, reason, n_in, n_out, final):
+    def send(sender, text, reason, n_in, n_out, final, logprobs=None):
         sender.sent.append(("ok", text, reason, n_out, final))
 
     def send_error(sender, message, busy):

@@ -6,6 +6,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.scheduling import ClusterView, InstanceStats, SchedulerConfig, make_scheduler
 from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.handoff import KIND_GENERATE, PrefillReply, PrefillResult
@@ -91,7 +92,9 @@ def test_two_prefill_instances_run_batches_at_the_same_time():
     core = make_core(rec, Cluster(2, 2), max_prefill_tokens=8)  # one 8-token request per batch
     try:
         for i in range(4):
-            core.add(f"s{i}", list(range(1, 9)), GenerateParams(max_tokens=4))
+            core.add(
+                f"s{i}", list(range(1, 9)), GenerateParams(sampling=SamplingParams(max_tokens=4))
+            )
         wait_for(lambda: len(rec.handoffs) == 4)
     finally:
         core.close()
@@ -105,7 +108,7 @@ def test_handoffs_carry_the_placement_the_scheduler_counted():
     core = make_core(rec, Cluster(2, 2), decode_balance="round_robin")
     try:
         for i in range(6):
-            core.add(f"s{i}", [1, 2, 3], GenerateParams(max_tokens=4))
+            core.add(f"s{i}", [1, 2, 3], GenerateParams(sampling=SamplingParams(max_tokens=4)))
             wait_for(lambda i=i: len(rec.handoffs) == i + 1)
     finally:
         core.close()
@@ -125,8 +128,8 @@ def test_request_that_never_fits_any_decode_pool_gets_busy():
     rec = Recorder()
     core = make_core(rec, Cluster(1, 1, decode_blocks=4))  # 64 tokens
     try:
-        core.add("big", list(range(1, 40)), GenerateParams(max_tokens=40))
-        core.add("ok", list(range(1, 10)), GenerateParams(max_tokens=10))
+        core.add("big", list(range(1, 40)), GenerateParams(sampling=SamplingParams(max_tokens=40)))
+        core.add("ok", list(range(1, 10)), GenerateParams(sampling=SamplingParams(max_tokens=10)))
         wait_for(lambda: rec.errors and rec.handoffs)
     finally:
         core.close()
@@ -150,9 +153,9 @@ def test_failed_prefill_answers_every_request_and_frees_the_instance():
     rec.prefill = flaky
     core = make_core(rec, Cluster(1, 1))
     try:
-        core.add("a", [1, 2], GenerateParams(max_tokens=2))
+        core.add("a", [1, 2], GenerateParams(sampling=SamplingParams(max_tokens=2)))
         wait_for(lambda: rec.errors)
-        core.add("b", [1, 2], GenerateParams(max_tokens=2))
+        core.add("b", [1, 2], GenerateParams(sampling=SamplingParams(max_tokens=2)))
         wait_for(lambda: rec.handoffs)
     finally:
         core.close()
@@ -164,6 +167,6 @@ def test_close_returns_the_queued_requests():
     rec = Recorder()
     core = make_core(rec, Cluster(1, 1))
     core.view = lambda: None  # instances never ready: requests stay queued
-    core.add("q", [1, 2], GenerateParams(max_tokens=2))
+    core.add("q", [1, 2], GenerateParams(sampling=SamplingParams(max_tokens=2)))
     pending = core.close()
     assert [p.sender for p in pending] == ["q"] and not rec.handoffs

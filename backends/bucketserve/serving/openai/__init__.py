@@ -1,0 +1,1 @@
+"""OpenAI-compatible front end: its own process, talking to Triton over gRPC streaming."""
