@@ -36,18 +36,24 @@ async def stream(client: httpx.AsyncClient, url: str, payload: dict) -> tuple[fl
 
 async def one_round(base: str, a, rng: random.Random) -> tuple[list[float], list[float]]:
     url = f"{base}/v2/models/bucketserve/generate_stream"
-    sem, ttft, gaps = asyncio.Semaphore(a.concurrency), [], []
+    sem, ttft, gaps, hung = asyncio.Semaphore(a.concurrency), [], [], []
     async with httpx.AsyncClient(timeout=300) as client:
 
         async def one(i: int) -> None:
             words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(20))
             p = {"text_input": f"{i} {words}", "max_tokens": a.tokens, "min_tokens": a.tokens}
             async with sem:
-                t, g = await stream(client, url, p)
+                try:
+                    t, g = await asyncio.wait_for(stream(client, url, p), a.timeout_s)
+                except TimeoutError:
+                    hung.append(i)  # counted, not timed: a stream with no end is a bug
+                    return
             ttft.append(t)
             gaps.extend(g)
 
         await asyncio.gather(*(one(i) for i in range(a.requests)))
+    if hung:
+        print(f"  {len(hung)} stream(s) of {base} did not end within {a.timeout_s}s", flush=True)
     return ttft, gaps
 
 
@@ -71,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout-s", type=float, default=120.0, help="per stream")
     a = p.parse_args(argv)
     sp = ServeProcess(Path(tempfile.mkdtemp(prefix="front-cost-")) / "run", "--kv-cache-gb", "0.5")
     sp.start()
@@ -84,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 t, g = asyncio.run(one_round(base, a, random.Random(a.seed + r)))
                 res[name][0].extend(t)
                 res[name][1].extend(g)
+                print(f"round {r} {name}: {len(t)} streams", flush=True)
     finally:
         sp.stop()
     for name, (t, g) in res.items():

@@ -138,8 +138,14 @@ def soak(a) -> dict:
     report: dict = {"args": vars(a), "startup_s": sp.wait_ready()}
     try:
         base = f"http://{sp.http_url}"
-        cap = asyncio.run(capacity(base, a.capacity_s, a.capacity_concurrency, a.seed + 1))
-        rate = a.rate_mult * cap
+        cap = (
+            0.0
+            if a.rate
+            else asyncio.run(capacity(base, a.capacity_s, a.capacity_concurrency, a.seed + 1))
+        )
+        rate = a.rate or a.rate_mult * cap
+        if rate <= 0:
+            raise RuntimeError("no request finished while measuring capacity: pass --rate")
         report.update(capacity_rps=cap, rate_rps=rate)
         rss: dict = {}
         faults: list = []
@@ -171,6 +177,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--faults", action="store_true", help="kill each part in turn under load")
     p.add_argument("--cycles", type=int, default=0, help="start/SIGTERM cycles instead of load")
     p.add_argument("--rate-mult", type=float, default=2.0, help="load = this x capacity")
+    p.add_argument("--rate", type=float, default=0.0, help="requests/s; 0: rate-mult x capacity")
     p.add_argument("--cancel-frac", type=float, default=0.1)
     p.add_argument("--capacity-s", type=float, default=60.0)
     p.add_argument("--capacity-concurrency", type=int, default=8)

@@ -37,6 +37,7 @@ class ServeProcess:
         self.args = [
             *("--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)),
             *("--metrics-port", str(self.metrics_port), "--run-dir", str(self.run_dir)),
+            *("--openai-port", "0"),  # no fixed port: several of these run side by side
             *args,
         ]
         self.log_path = self.run_dir.parent / f"{self.run_dir.name}-launcher.log"
