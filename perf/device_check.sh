@@ -11,7 +11,8 @@
 #   6 sizing       two instances on one GPU: same pool split, activation peak vs estimate
 #   7 server       one streamed request through tritonserver (when installed)
 # Without a GPU every step runs what it can on CPU and says what it skipped.
-# Results: $OUT/<step>.json (+ .err), $OUT/summary.json and $OUT/summary.txt.
+# Results: $OUT/<step>.json (JSON lines, one per finished case; + .err), $OUT/summary.json and
+# $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-perf/results/device}
@@ -35,8 +36,8 @@ step() {  # step NAME TIMEOUT_S CMD...: stdout (one JSON object) to NAME.json, s
   local start=$(date +%s)
   timeout "$limit" "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"
   local rc=$?
-  if (( rc == 124 )); then
-    echo "{\"status\": \"timeout\", \"limit_s\": $limit}" > "$OUT/$name.json"
+  if (( rc == 124 )); then  # keep the lines a step printed before it ran out of time
+    echo "{\"status\": \"timeout\", \"limit_s\": $limit}" >> "$OUT/$name.json"
   elif (( rc != 0 )) || [ ! -s "$OUT/$name.json" ]; then
     echo "{\"status\": \"failed\", \"rc\": $rc}" > "$OUT/$name.json"; tail -5 "$OUT/$name.err"
   fi
