@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-import types
+from unittest import mock
 
 import pytest
 import torch
@@ -58,9 +58,16 @@ class _V5Tokenizer:
 
 
 def test_preprocess_chat_template_ids_under_v5(monkeypatch):
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("pb"))
-    from bucketserve.serving.preprocess import Preprocessor
+    # The Triton stub module exists only inside tritonserver: a stand-in whose every attribute
+    # is a mock, and the serving modules imported against it are dropped afterwards.
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", mock.MagicMock())
+    before = set(sys.modules)
+    try:
+        from bucketserve.serving.preprocess import Preprocessor
 
-    pre = object.__new__(Preprocessor)
-    pre.tokenizer = _V5Tokenizer()
-    assert pre.encode("hi", chat=True) == [1, 2, 3]
+        pre = object.__new__(Preprocessor)
+        pre.tokenizer = _V5Tokenizer()
+        assert pre.encode("hi", chat=True) == [1, 2, 3]
+    finally:
+        for name in set(sys.modules) - before:
+            del sys.modules[name]
