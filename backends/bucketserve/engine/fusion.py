@@ -143,13 +143,7 @@ CPU_KERNEL_CLASSES = {RMSNorm: CpuRMSNorm, Attention: CpuAttention, MLP: CpuMLP}
 def use_cpu_kernels(model: CausalLM) -> int:
     """Switch RMSNorm, Attention and MLP modules to their C++-kernel subclasses (CPU float32,
     after cpu_ops.load()); returns how many. The subclasses add no state, only forward paths."""
-    swapped = 0
-    for module in model.modules():
-        fast = CPU_KERNEL_CLASSES.get(type(module))
-        if fast is not None:
-            module.__class__ = fast
-            swapped += 1
-    return swapped
+    return swap_classes(model, CPU_KERNEL_CLASSES)
 
 
 class TritonRMSNorm(RMSNorm):
@@ -189,9 +183,14 @@ TRITON_KERNEL_CLASSES = {RMSNorm: TritonRMSNorm, Attention: TritonAttention, MLP
 def use_triton_kernels(model: CausalLM) -> int:
     """Switch RMSNorm, Attention and MLP modules to their Triton-kernel subclasses (GPU, or
     CPU under TRITON_INTERPRET=1); returns how many."""
+    return swap_classes(model, TRITON_KERNEL_CLASSES)
+
+
+def swap_classes(model: CausalLM, table: dict) -> int:
+    """Give every module whose type is in `table` the fast subclass it maps to; returns how many."""
     swapped = 0
     for module in model.modules():
-        fast = TRITON_KERNEL_CLASSES.get(type(module))
+        fast = table.get(type(module))
         if fast is not None:
             module.__class__ = fast
             swapped += 1
