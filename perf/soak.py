@@ -51,20 +51,39 @@ def payload(rng: random.Random) -> dict:
 
 
 async def capacity(base: str, seconds: float, concurrency: int, seed: int) -> float:
-    """Finished requests per second at a fixed concurrency (first 20 % untimed)."""
+    """Finished requests per second at a fixed concurrency, after warm-up.
+
+    The window opens once `concurrency` requests have finished (a cold server's first requests
+    are slow) and closes after `seconds` with at least `concurrency` finished inside it (at most
+    5x longer), so a slow machine gives a low rate, never a zero from too short a window.
+    """
     rng, done = random.Random(seed), []
-    end = time.monotonic() + seconds
+    stop = asyncio.Event()
     async with httpx.AsyncClient(timeout=None) as client:
 
         async def worker() -> None:
-            while time.monotonic() < end:
-                out = await run_one(client, base, payload(rng), 300.0, 0.0)
-                done.append(out)
+            while not stop.is_set():
+                done.append(await run_one(client, base, payload(rng), 300.0, 0.0))
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    t0 = min(o.start_s for o in done) + 0.2 * seconds
-    timed = [o for o in done if o.start_s >= t0 and o.kind == FINISHED]
-    return len(timed) / max(1e-9, max(o.end_s for o in done) - t0)
+        def finished_since(t: float) -> int:
+            return sum(1 for o in done if o.kind == FINISHED and o.end_s >= t)
+
+        workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+        start = time.monotonic()
+        while finished_since(start) < concurrency and time.monotonic() - start < 600:
+            await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5 * seconds and (
+            time.monotonic() - t0 < seconds or finished_since(t0) < concurrency
+        ):
+            await asyncio.sleep(0.2)
+        t1, n = time.monotonic(), finished_since(t0)
+        stop.set()
+        await asyncio.gather(*workers)
+    if n == 0:
+        causes = Counter(f"{o.kind} {o.cause}".strip() for o in done)
+        raise RuntimeError(f"no request finished while measuring capacity ({dict(causes)})")
+    return n / (t1 - t0)
 
 
 async def load(sp: ServeProcess, a, rate: float, warm_cb, fault_cb) -> list[Outcome]:
@@ -144,8 +163,6 @@ def soak(a) -> dict:
             else asyncio.run(capacity(base, a.capacity_s, a.capacity_concurrency, a.seed + 1))
         )
         rate = a.rate or a.rate_mult * cap
-        if rate <= 0:
-            raise RuntimeError("no request finished while measuring capacity: pass --rate")
         report.update(capacity_rps=cap, rate_rps=rate)
         rss: dict = {}
         faults: list = []
