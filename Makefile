@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup serve test lint bench-smoke engine-bench simulate clean
+.PHONY: setup serve test lint bench-tools bench-smoke engine-bench simulate clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,13 @@ engine-bench: setup
 
 simulate: setup
 	$(VENV)/bin/bucketserve simulate $(ARGS)
+
+# genai-perf and AIPerf pin their own dependencies: each gets its own venv under perf/
+bench-tools:
+	test -x perf/.genai-venv/bin/genai-perf || { python3 -m venv perf/.genai-venv && \
+	  perf/.genai-venv/bin/pip install -q genai-perf==0.0.16; }
+	test -x perf/.aiperf-venv/bin/aiperf || { python3 -m venv perf/.aiperf-venv && \
+	  perf/.aiperf-venv/bin/pip install -q aiperf==0.13.0; }
 
 bench-smoke: setup
 	$(PY) perf/compare.py --smoke $(ARGS)

@@ -94,7 +94,7 @@ def start_server(args):
     from bucketserve.serving.config import ServeConfig
     from bucketserve.serving.launcher import TritonServer
 
-    cfg = ServeConfig(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+    cfg = ServeConfig(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), openai_port=free_port(),
                       run_dir=tempfile.mkdtemp(prefix="burst-"), model=args.serve_model,
                       prefill_devices=["cpu"] * args.prefill,
                       decode_devices=["cpu"] * args.decode)  # fmt: skip

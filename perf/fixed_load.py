@@ -1,11 +1,13 @@
-"""Our load generator, perf_analyzer and genai-perf at the same fixed load.
+"""Our load generator, perf_analyzer, genai-perf (both backends) and AIPerf at the same fixed load.
 
 Closed loop at concurrency C, the same N prompts (real text, one input and one output length
-so genai-perf can send them too) in the same order, one tool after the other on the same
-server: loadgen, perf_analyzer, genai-perf, loadgen again (A-B-C-A, so drift of the shared
-host shows up as the difference between the two loadgen runs). Ours and perf_analyzer's runs
-are summarised by metrics.summarize from per-request timestamps (perf_analyzer's profile
-export); genai-perf by its own CSV. Each tool's client CPU time is measured (getrusage).
+so the other tools can send them too) in the same order, one tool after the other on the same
+server: loadgen, perf_analyzer, genai-perf with the vLLM-backend tensors (`bucketserve`),
+genai-perf with TensorRT-LLM's (`tensorrt_llm_bls`), AIPerf through the OpenAI front
+(`/v1/completions`), loadgen again (A-B-...-A, so drift of the host shows up as the difference
+between the two loadgen runs). Ours and perf_analyzer's runs are summarised by
+metrics.summarize from per-request timestamps (perf_analyzer's profile export); genai-perf and
+AIPerf by their own CSVs. Each tool's client CPU time is measured (getrusage).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiperf_run
 import genai_perf
 import perf_analyzer
 from loadgen import LoadConfig, run_closed_loop
@@ -27,6 +30,12 @@ from workloads import BenchRequest, requests_from_lengths, source
 TOLERANCE = 0.10  # differences above 10 % in throughput or mean TTFT are explained in the report
 INPUT_TOKENS = 84  # Alpaca's mean prompt
 OUTPUT_TOKENS = 16
+# the tools that report through their own CSV: name -> (artifact folder, how it reaches us)
+EXTERNAL = {
+    "genai-perf vllm": ("genai-perf", "gRPC, [1] tensors, `bucketserve`"),
+    "genai-perf trtllm": ("genai-perf-trtllm", "gRPC, [1, 1] tensors, `tensorrt_llm_bls`"),
+    "aiperf": ("aiperf", "OpenAI `/v1/completions` SSE"),
+}
 
 
 @dataclass(slots=True)
@@ -38,8 +47,8 @@ class FixedLoadResult:
     pa: RunSummary | None = None
     pa_error: str = ""
     pa_reported: dict | None = None  # perf_analyzer's own summary line (its CSV)
-    genai: dict | None = None  # genai-perf's CSV: {metric: {statistic: value}}
-    genai_error: str = ""
+    ext: dict[str, dict] = field(default_factory=dict)  # tool -> its CSV {metric: {stat: value}}
+    ext_errors: dict[str, str] = field(default_factory=dict)
     samples: dict[str, list[float]] = field(default_factory=dict)  # "ours_ttft", "pa_e2e", ...
     cpu_s: dict[str, float] = field(default_factory=dict)  # client CPU seconds per tool
     load: dict[str, float] = field(default_factory=dict)  # host 1-min load average at its start
@@ -79,20 +88,30 @@ def _run_pa(srv, reqs, res: FixedLoadResult, out: Path, timeout_s: float) -> Non
     res.samples.update(pa_ttft=_ok(recs, "ttft_s"), pa_e2e=_ok(recs, "e2e_s"))
 
 
-def _run_genai(srv, reqs, res: FixedLoadResult, out: Path, timeout_s: float) -> None:
-    if not genai_perf.available():
-        res.genai_error = "not installed (perf/genai_perf.sh creates perf/.genai-venv)"
+def _run_external(srv, reqs, res: FixedLoadResult, out: Path, timeout_s: float, tool: str) -> None:
+    folder = out / EXTERNAL[tool][0]
+    module = aiperf_run if tool == "aiperf" else genai_perf
+    if not module.available():
+        res.ext_errors[tool] = "not installed (`make bench-tools` creates its venv)"
         return
     try:
-        res.genai = genai_perf.run(
-            srv.grpc_url, reqs, res.concurrency, out / "genai-perf", timeout_s
-        )
+        if tool == "aiperf":
+            res.ext[tool] = aiperf_run.run(srv.openai_url, reqs, res.concurrency, folder,
+                                           timeout_s, model=srv.cfg.model)  # fmt: skip
+        else:
+            backend, model = (
+                ("vllm", "bucketserve")
+                if tool.endswith("vllm")
+                else ("tensorrtllm", "tensorrt_llm_bls")
+            )
+            res.ext[tool] = genai_perf.run(srv.grpc_url, reqs, res.concurrency, folder, timeout_s,
+                                           backend=backend, model=model)  # fmt: skip
     except Exception as e:
-        res.genai_error = str(e)[-1500:]
+        res.ext_errors[tool] = str(e)[-1500:]
         return
-    for export in sorted((out / "genai-perf").glob("*/profile_export.json"))[-1:]:
+    for export in sorted(folder.glob("*/profile_export.json"))[-1:]:
         recs = perf_analyzer.parse_export(export, reqs)  # the perf_analyzer run genai-perf drove
-        res.samples.update(genai_ttft=_ok(recs, "ttft_s"), genai_e2e=_ok(recs, "e2e_s"))
+        res.samples.update({f"{tool}_ttft": _ok(recs, "ttft_s"), f"{tool}_e2e": _ok(recs, "e2e_s")})
 
 
 def _cpu_s(who: int) -> float:
@@ -118,7 +137,7 @@ def _timed_child(fn, *args) -> float:
 
 def run_fixed_load(srv, text: TextSource, concurrency: int, requests: int, out: Path,
                    seed: int = 0, timeout_s: float = 300.0) -> FixedLoadResult:  # fmt: skip
-    """loadgen, perf_analyzer, genai-perf, loadgen again: `requests` at `concurrency`."""
+    """loadgen, perf_analyzer, genai-perf x2, AIPerf, loadgen again: `requests` at `concurrency`."""
     reqs = fixed_requests(text, requests, seed)
     load = {"loadgen": os.getloadavg()[0]}
     ours, records, cpu = _run_ours(srv, reqs, concurrency, out, "loadgen", timeout_s)
@@ -127,14 +146,16 @@ def run_fixed_load(srv, text: TextSource, concurrency: int, requests: int, out: 
     res.cpu_s["loadgen"] = cpu
     res.load["perf_analyzer"] = os.getloadavg()[0]
     res.cpu_s["perf_analyzer"] = _timed_child(_run_pa, srv, reqs, res, out, timeout_s)
-    res.load["genai-perf"] = os.getloadavg()[0]
-    res.cpu_s["genai-perf"] = _timed_child(_run_genai, srv, reqs, res, out, timeout_s)
+    for tool in EXTERNAL:
+        res.load[tool] = os.getloadavg()[0]
+        res.cpu_s[tool] = _timed_child(_run_external, srv, reqs, res, out, timeout_s, tool)
     res.load["loadgen again"] = os.getloadavg()[0]
     again, records, cpu = _run_ours(srv, reqs, concurrency, out, "loadgen_again", timeout_s)
     res.ours_again, res.cpu_s["loadgen again"] = again, cpu
     res.samples.update(again_ttft=_ok(records, "ttft_s"), again_e2e=_ok(records, "e2e_s"))
     pa = f"{res.pa.served_rate:.3f} req/s" if res.pa else f"failed: {res.pa_error[:200]}"
-    gp = "ran" if res.genai else f"failed: {res.genai_error[:200]}"
+    ext = "; ".join(f"{t} " + ("ran" if t in res.ext else f"failed: {res.ext_errors.get(t, '')[:200]}")
+                    for t in EXTERNAL)  # fmt: skip
     print(f"[fixed load] c={concurrency}: loadgen {ours.served_rate:.3f} then "
-          f"{again.served_rate:.3f} req/s; perf_analyzer {pa}; genai-perf {gp}", flush=True)  # fmt: skip
+          f"{again.served_rate:.3f} req/s; perf_analyzer {pa}; {ext}", flush=True)  # fmt: skip
     return res

@@ -13,10 +13,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 URL="${1:-127.0.0.1:8001}"
 OUT="${2:-$ROOT/perf/results/tmp/genai-perf}"
 VENV="$ROOT/perf/.genai-venv"
-if [ ! -x "$VENV/bin/genai-perf" ]; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q genai-perf==0.0.16
-fi
+[ -x "$VENV/bin/genai-perf" ] || make -C "$ROOT" bench-tools
 TOKENIZER="$("$ROOT/.venv/bin/python" -c 'from bucketserve.engine.loader import resolve_model; print(resolve_model("smollm2"))')"
 CUDART="$("$ROOT/.venv/bin/python" -c 'import nvidia.cuda_runtime as c, os; print(os.path.join(list(c.__path__)[0], "lib"))')"
 # perf_analyzer comes from tritonclient[all] in the project venv; it needs libcudart.so.12 and libb64.

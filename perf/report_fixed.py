@@ -1,35 +1,32 @@
-"""Report section: our load generator vs perf_analyzer vs genai-perf at the same fixed load."""
+"""Report section: our load generator vs perf_analyzer, genai-perf and AIPerf at the same fixed load."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from fixed_load import INPUT_TOKENS, OUTPUT_TOKENS, FixedLoadResult
+from fixed_load import EXTERNAL, INPUT_TOKENS, OUTPUT_TOKENS, FixedLoadResult
+from genai_perf import metric
 
-TOOLS = ("loadgen again", "perf_analyzer", "genai-perf")
-ROWS = (  # (RunSummary field, label, genai-perf metric, statistic, scale to seconds or 1)
-    ("served_rate", "throughput (req/s)", "Request Throughput (per sec)", "value", 1.0),
-    ("output_tok_s", "output tokens/s", "Output Token Throughput (tokens/sec)", "value", 1.0),
-    ("ttft_mean", "TTFT mean (s)", "Time To First Token (ms)", "avg", 1e-3),
-    ("ttft_p50", "TTFT p50 (s)", "Time To First Token (ms)", "p50", 1e-3),
-    ("tpot_mean", "TPOT / ITL mean (s)", "Inter Token Latency (ms)", "avg", 1e-3),
-    ("e2e_p50", "end-to-end p50 (s)", "Request Latency (ms)", "p50", 1e-3),
+TOOLS = ("loadgen again", "perf_analyzer", *EXTERNAL)
+ROWS = (  # (RunSummary field, label, genai-perf / AIPerf metric name, statistic)
+    ("served_rate", "throughput (req/s)", "Request Throughput", "value"),
+    ("output_tok_s", "output tokens/s", "Output Token Throughput", "value"),
+    ("ttft_mean", "TTFT mean (s)", "Time To First Token", "avg"),
+    ("ttft_p50", "TTFT p50 (s)", "Time To First Token", "p50"),
+    ("tpot_mean", "TPOT / ITL mean (s)", "Inter Token Latency", "avg"),
+    ("e2e_p50", "end-to-end p50 (s)", "Request Latency", "p50"),
 )
 NOTES = (
     "perf_analyzer's own `Avg latency` for a decoupled model is the time to the *last* response "
     "of each request (checked against its profile export) although its log says it uses the "
     "first response; its `Inferences/Second` counts requests completed in its measurement "
     "window. Its column is computed from its per-response timestamps with our code. genai-perf's "
-    "column is its own CSV; it counts output tokens by re-tokenising the streamed text, so its "
-    "token throughput can read a little lower. Client CPU time is getrusage of our process, or "
+    "and AIPerf's columns are their own CSVs; they count output tokens by re-tokenising the "
+    "streamed text, so their token throughput can read a little lower; AIPerf goes through the "
+    "OpenAI front (its own process and an SSE hop), the others straight to Triton's gRPC. Client CPU time is getrusage of our process, or "
     "of the tool's subprocesses (genai-perf's includes its Python start-up and tokenizer)."
 )
-
-
-def _genai_value(fx: FixedLoadResult, metric: str, stat: str, scale: float) -> float | None:
-    v = (fx.genai or {}).get(metric, {}).get(stat)
-    return None if v is None else v * scale
 
 
 def _cell(v: float | None, ref: float | None) -> tuple[str, str]:
@@ -39,11 +36,11 @@ def _cell(v: float | None, ref: float | None) -> tuple[str, str]:
     return f"{v:.4g}", diff
 
 
-def _tool_values(fx: FixedLoadResult, name, metric, stat, scale) -> dict[str, float | None]:
+def _tool_values(fx: FixedLoadResult, name, ext_metric, stat) -> dict[str, float | None]:
     return {
         "loadgen again": getattr(fx.ours_again, name) if fx.ours_again else None,
         "perf_analyzer": getattr(fx.pa, name) if fx.pa else None,
-        "genai-perf": _genai_value(fx, metric, stat, scale),
+        **{t: metric(fx.ext[t], ext_metric, stat) if t in fx.ext else None for t in EXTERNAL},
     }
 
 
@@ -52,9 +49,9 @@ def table(fx: FixedLoadResult) -> tuple[list[str], dict[tuple[str, str], float]]
     head = "| metric | loadgen | " + " | ".join(f"{t} | diff" for t in TOOLS) + " |"
     lines = [head, "|---" * (2 + 2 * len(TOOLS)) + "|"]
     diffs = {}
-    for name, label, metric, stat, scale in ROWS:
+    for name, label, ext_metric, stat in ROWS:
         ours = getattr(fx.ours, name)
-        values = _tool_values(fx, name, metric, stat, scale)
+        values = _tool_values(fx, name, ext_metric, stat)
         cells = []
         for tool in TOOLS:
             if values[tool] is not None and ours:
@@ -81,7 +78,7 @@ def _noise(a: list[float], b: list[float]) -> str:
     return f"{verdict} (difference {d:+.3f} s, standard error {se:.3f} s, z = {z:.1f}, n = {len(a)}/{len(b)})"
 
 
-SAMPLE_KEYS = {"loadgen again": "again", "perf_analyzer": "pa", "genai-perf": "genai"}
+SAMPLE_KEYS = {"loadgen again": "again", "perf_analyzer": "pa", **{t: t for t in EXTERNAL}}
 
 
 def explain(fx: FixedLoadResult, diffs: dict, tol: float) -> list[str]:
@@ -123,14 +120,15 @@ def _versus_again(fx: FixedLoadResult) -> list[str]:
         lines.append(
             f"* {tool} vs the second loadgen run: throughput {thr:+.1%}, mean TTFT {ttft:+.1%}."
         )
-    rate = _genai_value(fx, "Request Throughput (per sec)", "value", 1.0)
-    ttft = _genai_value(fx, "Time To First Token (ms)", "avg", 1e-3)
-    if fx.ours_again is not None and rate and ttft:
-        lines.append(
-            f"* genai-perf vs the second loadgen run: throughput "
-            f"{(rate - fx.ours_again.served_rate) / fx.ours_again.served_rate:+.1%}, mean TTFT "
-            f"{(ttft - fx.ours_again.ttft_mean) / fx.ours_again.ttft_mean:+.1%}."
-        )
+    for tool, table in fx.ext.items():
+        rate = metric(table, "Request Throughput", "value")
+        ttft = metric(table, "Time To First Token", "avg")
+        if fx.ours_again is not None and rate and ttft:
+            lines.append(
+                f"* {tool} vs the second loadgen run: throughput "
+                f"{(rate - fx.ours_again.served_rate) / fx.ours_again.served_rate:+.1%}, mean TTFT "
+                f"{(ttft - fx.ours_again.ttft_mean) / fx.ours_again.ttft_mean:+.1%}."
+            )
     return lines
 
 
@@ -141,18 +139,21 @@ def fixed_load_section(fx: FixedLoadResult | None, tol: float) -> list[str]:
     lines.append(
         f"Closed loop, concurrency {fx.concurrency}, the same {fx.requests} real-text prompts of "
         f"{INPUT_TOKENS} tokens with {OUTPUT_TOKENS} output tokens each, in the same order, one "
-        "tool after the other on the bucketserve server (loadgen, perf_analyzer, genai-perf, "
-        "loadgen again). "
-        "Commands and raw outputs: `perf_analyzer/`, `genai-perf/`."
+        "tool after the other on the bucketserve server (loadgen, perf_analyzer, then "
+        + ", ".join(f"{t} ({how})" for t, (_, how) in EXTERNAL.items())
+        + ", loadgen again). Commands and raw outputs: `perf_analyzer/`, "
+        + ", ".join(f"`{folder}/`" for folder, _ in EXTERNAL.values())
+        + "."
     )
     rows, diffs = table(fx)
     lines += ["", *rows]
     rep = fx.pa_reported or {}
     if rep:
         lat = float(rep.get("Avg latency", "nan")) / 1e6
-        lines.append(f"| perf_analyzer's own report | | | | {rep.get('Inferences/Second')} "
-                     f"infer/s, avg latency {lat:.3f} s | | | |")  # fmt: skip
-    for tool, err in (("perf_analyzer", fx.pa_error), ("genai-perf", fx.genai_error)):
+        own = f"{rep.get('Inferences/Second')} infer/s, avg latency {lat:.3f} s"
+        cells = ["perf_analyzer's own report", "", "", "", own] + [""] * (2 * len(TOOLS) - 3)
+        lines.append("| " + " | ".join(cells) + " |")
+    for tool, err in (("perf_analyzer", fx.pa_error), *fx.ext_errors.items()):
         if err:
             lines += ["", f"{tool} did not complete: `{err}`"]
     return lines + ["", NOTES, "", *explain(fx, diffs, tol), ""]

@@ -70,6 +70,7 @@ def server_for(target: Target, plan: SweepPlan, run_root: Path):
         http_port=free_port(),
         grpc_port=free_port(),
         metrics_port=free_port(),
+        openai_port=free_port(),
         run_dir=str(run_root / target.label.replace("+", "plus")),
         kv_cache_gb=plan.kv_cache_gb,
         **target.overrides,

@@ -57,6 +57,11 @@ class TritonServer:
         return f"{self.cfg.host}:{self.cfg.grpc_port}"
 
     @property
+    def openai_url(self) -> str:
+        """The OpenAI-compatible front end (http://host:port, without /v1)."""
+        return f"http://{self.cfg.host}:{self.cfg.openai_port}"
+
+    @property
     def metrics_url(self) -> str:
         return f"http://{self.cfg.host}:{self.cfg.metrics_port}/metrics"
 

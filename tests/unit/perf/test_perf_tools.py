@@ -6,7 +6,7 @@ import json
 
 import pytest
 from fixed_load import FixedLoadResult
-from genai_perf import read_csv
+from genai_perf import metric, read_csv
 from metrics import summarize
 from perf_analyzer import input_data, parse_export
 from records import RequestRecord
@@ -48,6 +48,37 @@ def test_genai_perf_csv(tmp_path):
     assert got["Time To First Token (ms)"]["p50"] == pytest.approx(491.41)
     assert got["Request Latency (ms)"]["avg"] == pytest.approx(1303.94)
     assert got["Request Throughput (per sec)"]["value"] == pytest.approx(1.5)
+
+
+def test_aiperf_and_genai_perf_csv_figures_in_seconds(tmp_path):
+    aiperf = tmp_path / "a.csv"
+    aiperf.write_text(
+        "Metric,avg,min,max,sum,p50\nTime to First Token (ms),250.00,100.00,400.00,,240.00\n"
+        "Inter Token Latency (ms),40.00,30.00,50.00,,41.00\n\n"
+        "Metric,Value\nRequest Throughput (requests/sec),1.25\n"
+    )
+    got = read_csv(aiperf)
+    assert metric(got, "Time To First Token", "avg") == pytest.approx(0.25)
+    assert metric(got, "inter token latency", "p50") == pytest.approx(0.041)
+    assert metric(got, "Request Throughput", "value") == pytest.approx(1.25)
+    assert metric(got, "Request Latency", "avg") is None
+
+
+def test_fixed_load_section_has_a_column_per_external_tool():
+    r = RequestRecord(0, "fixed", 0.0, 0.0, 84, 3, 2.0, 0.15)
+    r.add_chunk(0.5, 1)
+    r.add_chunk(0.7, 3)
+    r.finish(0.7)
+    ours = summarize("loadgen", 0.0, [r])
+    csv = {"Request Throughput (requests/sec)": {"value": 2 * ours.served_rate},
+           "Time to First Token (ms)": {"avg": 500.0, "p50": 500.0}}  # fmt: skip
+    fx = FixedLoadResult(2, 1, ours, ext={"aiperf": csv}, ext_errors={"genai-perf trtllm": "x"})
+    text = "\n".join(fixed_load_section(fx, 0.1))
+    head = next(line for line in text.splitlines() if line.startswith("| metric"))
+    assert "aiperf" in head and "genai-perf vllm" in head and "genai-perf trtllm" in head
+    row = next(line for line in text.splitlines() if line.startswith("| throughput"))
+    assert "+100.0%" in row  # AIPerf's throughput, twice ours
+    assert "genai-perf trtllm did not complete: `x`" in text
 
 
 def test_fixed_load_section_survives_missing_tools():
