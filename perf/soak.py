@@ -184,7 +184,9 @@ def soak(a) -> dict:
 def summarize(outs: list[Outcome], deadline_s: float) -> dict:
     kinds = Counter(o.kind for o in outs)
     causes = Counter(o.cause for o in outs if o.kind == "errored")
+    lost = Counter(o.cause for o in outs if o.kind == "lost")
     return {"sent": len(outs), "outcomes": dict(kinds), "errors_by_cause": dict(causes),
+            "lost_by_cause": dict(lost),
             "cancelled_by_client": kinds[CANCELLED], "deadline_s": deadline_s}  # fmt: skip
 
 

@@ -47,7 +47,11 @@ async def read_events(resp: httpx.Response, out: Outcome) -> None:
     async for line in resp.aiter_lines():
         if not line.startswith("data: "):
             continue
-        event = json.loads(line[6:])
+        try:
+            event = json.loads(line[6:])
+        except json.JSONDecodeError:
+            out.cause = "malformed event: " + line[:80]  # stays LOST: a stream cut mid-event
+            return
         if "error" in event:
             out.kind, out.cause = ERRORED, error_cause(event["error"])
             return

@@ -44,6 +44,8 @@ class Upstream:
                           "len": len(body)})  # fmt: skip
         if request.url.path.endswith("/busy"):
             return JSONResponse({"error": "server busy: 4 requests are already waiting"}, 400)
+        if request.url.path.endswith("/cut/generate_stream"):
+            return StreamingResponse(self.cut_events(), media_type="text/event-stream")
         if request.url.path.endswith("/generate_stream"):
             return StreamingResponse(self.events(), media_type="text/event-stream")
         return JSONResponse({"len": len(body)})
@@ -55,6 +57,14 @@ class Upstream:
         while not self.release.is_set():  # then hang until the test kills the upstream
             await asyncio.sleep(0.02)
         yield b'data: {"text_output": "end"}\n\n'
+
+    async def cut_events(self):
+        """One event split across two writes, then half an event, then silence until killed."""
+        yield b'data: {"text_out'
+        await asyncio.sleep(0.05)
+        yield b'put": "t0"}\n\ndata: {"text_output": "par'
+        while not self.release.is_set():
+            await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -131,4 +141,22 @@ def test_stream_relays_and_ends_with_the_cause_when_upstream_dies(setup):
     assert [e.get("text_output") for e in events[:3]] == ["t0", "t1", "t2"]
     assert "decode_0_0" in events[-1]["error"]
     assert time.monotonic() - t_dead < 5
+    assert front.inflight == 0
+
+
+def test_stream_cut_inside_an_event_never_reaches_the_client_half_written(setup):
+    base, up, health, front = setup
+    lines = []
+    with requests.post(f"{base}/v2/models/cut/generate_stream", json={}, stream=True) as r:
+        for line in r.iter_lines():
+            if not line.startswith(b"data: "):
+                continue
+            lines.append(line)
+            if len(lines) == 1:
+                health.set(DEGRADED, "stub process decode_0_0 (pid 7) died")
+                up.web.server.force_exit = True
+                up.web.stop()
+    events = [json.loads(line[6:]) for line in lines]  # every line is a whole JSON event
+    assert events[0] == {"text_output": "t0"}
+    assert "decode_0_0" in events[-1]["error"] and len(events) == 2
     assert front.inflight == 0

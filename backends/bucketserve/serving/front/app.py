@@ -131,9 +131,17 @@ class Front:
 
     async def stream(self, resp: httpx.Response):
         sse = "event-stream" in resp.headers.get("content-type", "")
+        tail = b""  # SSE: only whole events go out, so an error event never lands mid-event
         try:
             async for chunk in resp.aiter_raw():
-                yield chunk
+                if not sse:
+                    yield chunk
+                    continue
+                whole, sep, tail = (tail + chunk).rpartition(b"\n\n")
+                if sep:
+                    yield whole + sep
+            if tail.strip():
+                raise httpx.RemoteProtocolError("stream ended inside an event")
         except httpx.TransportError as e:
             self.metrics.broken.inc()
             if not sse:
