@@ -21,12 +21,15 @@ from pathlib import Path
 import httpx
 from bucketserve.serving.serve_process import ServeProcess
 
+sys.path.insert(0, str(Path(__file__).parent))
+from soak_client import sse_lines  # noqa: E402
+
 
 async def stream(client: httpx.AsyncClient, url: str, payload: dict) -> tuple[float, list[float]]:
     """(TTFT, gaps between later events) of one generate_stream call."""
     t0, times = time.perf_counter(), []
     async with client.stream("POST", url, json=payload) as resp:
-        async for line in resp.aiter_lines():
+        async for line in sse_lines(resp):
             if line.startswith("data: "):
                 times.append(time.perf_counter())
                 if "error" in json.loads(line[6:]):

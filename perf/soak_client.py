@@ -43,8 +43,21 @@ def error_cause(message: str) -> str:
     return "other: " + message[:80]
 
 
+async def sse_lines(resp: httpx.Response):
+    """Lines of an SSE body, split on line feeds only. httpx's aiter_lines splits like
+    str.splitlines, also at U+2028, U+0085 ..., which a model's text (raw, legal in JSON) can
+    contain, and would cut an event in two."""
+    buf = b""
+    async for chunk in resp.aiter_bytes():
+        *lines, buf = (buf + chunk).split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8", "replace")
+    if buf:
+        yield buf.decode("utf-8", "replace")
+
+
 async def read_events(resp: httpx.Response, out: Outcome) -> None:
-    async for line in resp.aiter_lines():
+    async for line in sse_lines(resp):
         if not line.startswith("data: "):
             continue
         try:
