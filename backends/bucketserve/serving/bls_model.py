@@ -61,17 +61,31 @@ class BlsModel:
         self.watcher.start()
 
     def execute(self, requests: list) -> None:
+        # Everything the relay needs is taken from the request here: after execute returns the
+        # stub may release the request's input tensors, and a thread reading them then crashed
+        # the stub (SIGSEGV in triton_python_backend_stub, three times in a 10-minute soak).
         for request in requests:
-            threading.Thread(target=self.relay, args=(request,), daemon=True).start()
+            sender = GuardedSender(request.get_response_sender())  # FINAL-safe is_cancelled
+            rid = request.request_id() or f"bls-{uuid.uuid4().hex}"
+            try:
+                inputs = [
+                    (n, self.unbatch(n, t.as_numpy()).copy())
+                    for n in INPUT_NAMES
+                    if (t := pb_utils.get_input_tensor_by_name(request, n)) is not None
+                ]
+            except Exception as e:
+                sender.send(
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL
+                )
+                continue
+            with self.lock:
+                self.active[rid] = sender
+            threading.Thread(target=self.relay, args=(sender, rid, inputs), daemon=True).start()
         return None
 
-    def relay(self, request) -> None:
-        sender = GuardedSender(request.get_response_sender())  # FINAL-safe is_cancelled
-        rid = request.request_id() or f"bls-{uuid.uuid4().hex}"
-        with self.lock:
-            self.active[rid] = sender
+    def relay(self, sender: GuardedSender, rid: str, inputs: list) -> None:
         try:
-            self.run(request, sender, rid)
+            self.run(sender, rid, [pb_utils.Tensor(n, arr) for n, arr in inputs])
         except Exception as e:
             try:
                 error = e.error if isinstance(e, StepError) else pb_utils.TritonError(str(e))
@@ -83,12 +97,7 @@ class BlsModel:
                 self.active.pop(rid, None)
                 self.stopped.discard(rid)
 
-    def run(self, request, sender, rid: str) -> None:
-        inputs = [
-            self.unbatch(t)
-            for t in (pb_utils.get_input_tensor_by_name(request, n) for n in INPUT_NAMES)
-            if t is not None
-        ]
+    def run(self, sender, rid: str, inputs: list) -> None:
         pre = pb_utils.InferenceRequest(
             model_name="preprocessing",
             inputs=inputs,
@@ -105,14 +114,13 @@ class BlsModel:
         index = handoff.decode_index if handoff.kind == KIND_GENERATE else 0
         relay(index, raw, sender, self.batch if self.batched else None)
 
-    def unbatch(self, t):
+    def unbatch(self, name: str, arr: np.ndarray) -> np.ndarray:
         """[1, ...] -> [...] for the models behind the relay (they take the vLLM shapes)."""
         if not self.batched:
-            return t
-        arr = t.as_numpy()
+            return arr
         if arr.shape[0] != 1:
-            raise ValueError(f"{t.name()} has batch size {arr.shape[0]}; supported: 1")
-        return pb_utils.Tensor(t.name(), arr.reshape(arr.shape[1:]))
+            raise ValueError(f"{name} has batch size {arr.shape[0]}; supported: 1")
+        return arr.reshape(arr.shape[1:])
 
     def batch(self, t):
         """[...] -> [1, ...] for a TensorRT-LLM-shaped entry model."""

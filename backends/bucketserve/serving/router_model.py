@@ -83,14 +83,17 @@ class RouterModel:
         self.num_decode = len(cfg.decode_devices)
 
     def execute(self, requests: list) -> None:
-        for request in requests:
-            threading.Thread(target=self.route, args=(request,), daemon=True).start()
+        for request in requests:  # read here: the stub may release the inputs after execute
+            sender = GuardedSender(request.get_response_sender())  # FINAL-safe is_cancelled
+            t = pb_utils.get_input_tensor_by_name(request, "_handoff")
+            raw = None if t is None else t.as_numpy().copy()
+            threading.Thread(target=self.route, args=(sender, raw), daemon=True).start()
         return None
 
-    def route(self, request) -> None:
-        sender = GuardedSender(request.get_response_sender())  # FINAL-safe is_cancelled
+    def route(self, sender: GuardedSender, raw) -> None:
         try:
-            raw = pb_utils.get_input_tensor_by_name(request, "_handoff").as_numpy()
+            if raw is None:
+                raise ValueError("missing input _handoff")
             handoff = Handoff.from_json(raw.reshape(-1)[0])
             if handoff.kind == KIND_STOP:  # decode_0 answers it below
                 broadcast_stop(range(1, self.num_decode), raw)
