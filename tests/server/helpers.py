@@ -46,7 +46,8 @@ def wait_all_blocks_free(server, timeout_s: float) -> tuple[float, dict]:
     start = time.monotonic()
     while True:
         blocks = kv_blocks(server)
-        if blocks and all(free == total for free, total in blocks.values()):
+        # total 0: the instance has not published its pool yet (its gauges read 0 until then)
+        if blocks and all(free == total > 0 for free, total in blocks.values()):
             return time.monotonic() - start, blocks
         if time.monotonic() - start > timeout_s:
             return time.monotonic() - start, blocks

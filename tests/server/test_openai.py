@@ -140,7 +140,11 @@ def test_disconnect_mid_stream_frees_kv(front):
     for n, _ in enumerate(stream):
         if n == 3:
             break
-    assert any(free < total for free, total in kv_blocks(server).values())  # it is running
+    # it is running: the pools' gauges are published periodically, so give them a moment
+    deadline = time.monotonic() + 10
+    while not any(free < total for free, total in kv_blocks(server).values()):
+        assert time.monotonic() < deadline, kv_blocks(server)
+        time.sleep(0.05)
     stream.close()
     waited, blocks = wait_all_blocks_free(server, timeout_s=30)
     print(f"KV blocks all free {waited:.2f} s after the client hung up (before: {before})")
