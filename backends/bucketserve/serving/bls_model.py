@@ -13,6 +13,7 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from bucketserve.serving.bls_stream import KEEPER, decoupled_responses
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import INPUT_NAMES, GenerateParams
 from bucketserve.serving.guarded_sender import GuardedSender
@@ -29,7 +30,7 @@ def call(model: str, inputs: list, outputs: list[str], request_id: str = ""):
     request = pb_utils.InferenceRequest(
         model_name=model, inputs=inputs, requested_output_names=outputs, request_id=request_id
     )
-    for resp in request.exec(decoupled=True):
+    for resp in decoupled_responses(request):
         if resp.has_error():
             raise StepError(resp.error())
         if resp.output_tensors():
@@ -145,3 +146,4 @@ class BlsModel:
     def finalize(self) -> None:
         self.closing.set()
         self.watcher.join()
+        KEEPER.clear()  # the kept iterators go now, with the GIL held

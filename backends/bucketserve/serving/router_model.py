@@ -13,6 +13,7 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from bucketserve.serving.bls_stream import KEEPER, decoupled_responses
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import OUTPUT_NAMES
 from bucketserve.serving.guarded_sender import GuardedSender
@@ -38,7 +39,7 @@ def decode_stream(index: int, handoff_bytes: np.ndarray):
         inputs=[pb_utils.Tensor("_handoff", handoff_bytes)],
         requested_output_names=OUTPUTS,
     )
-    for resp in request.exec(decoupled=True):
+    for resp in decoupled_responses(request):
         if resp.has_error():
             raise StepError(resp.error())
         if resp.output_tensors():
@@ -106,4 +107,4 @@ class RouterModel:
             )
 
     def finalize(self) -> None:
-        return None
+        KEEPER.clear()  # the kept iterators go now, with the GIL held
