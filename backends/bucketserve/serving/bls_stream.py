@@ -6,7 +6,7 @@ the iterator's cleanup message, and that thread erases the entry without holding
 reference, the erase runs `~ResponseIterator` there: it frees every response the iterator
 returned, and with them their numpy arrays, without the GIL. That corrupts the Python heap of
 a stub that runs other threads; `bucketserve_bls` then died with SIGSEGV in `pymalloc_alloc`
-under `InferRequest::Exec` (core dump from a soak; DESIGN.md fact 19). Keeping our reference
+under `InferRequest::Exec` (core dump from a soak; docs/architecture.md). Keeping our reference
 for a few seconds after the stream ended makes Python the last owner, so the destructor runs
 in a Python thread, with the GIL held.
 """
