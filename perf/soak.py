@@ -31,6 +31,7 @@ from soak_report import (  # noqa: E402
     in_flight_at_kills,
     rss_by_process,
     rss_growth,
+    second_half_growth,
     write_report,
 )
 
@@ -86,11 +87,24 @@ async def capacity(base: str, seconds: float, concurrency: int, seed: int) -> fl
     return n / (t1 - t0)
 
 
-async def load(sp: ServeProcess, a, rate: float, warm_cb, fault_cb) -> list[Outcome]:
+async def sample_rss(sp: ServeProcess, every_s: float, timeline: list) -> None:
+    """(seconds since the load began, RSS per process) every `every_s`, until cancelled."""
+    start = time.monotonic()
+    while True:
+        timeline.append(
+            (round(time.monotonic() - start, 1), await asyncio.to_thread(rss_by_process, sp))
+        )
+        await asyncio.sleep(every_s)
+
+
+async def load(
+    sp: ServeProcess, a, rate: float, warm_cb, fault_cb, timeline: list
+) -> list[Outcome]:
     """Open-loop Poisson arrivals at `rate` for a.duration seconds; 10 % cancelled early."""
     rng, tasks = random.Random(a.seed), []
     base, start = f"http://{sp.http_url}", time.monotonic()
     limits = httpx.Limits(max_connections=None)
+    sampler = asyncio.create_task(sample_rss(sp, a.rss_every_s, timeline))
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
         fault_task = asyncio.create_task(fault_cb(tasks)) if fault_cb else None
         warm_done = False
@@ -111,7 +125,9 @@ async def load(sp: ServeProcess, a, rate: float, warm_cb, fault_cb) -> list[Outc
                 warm_cb()
         if fault_task:
             await fault_task
-        return list(await asyncio.gather(*tasks))
+        outs = list(await asyncio.gather(*tasks))
+        sampler.cancel()
+        return outs
 
 
 def kv_blocks(sp: ServeProcess) -> dict[str, tuple[int, int]]:
@@ -166,10 +182,14 @@ def soak(a) -> dict:
         report.update(capacity_rps=cap, rate_rps=rate)
         rss: dict = {}
         faults: list = []
+        timeline: list = []
         fault_cb = make_fault_cb(sp, a, faults) if a.faults else None
-        outs = asyncio.run(load(sp, a, rate, lambda: rss.update(warm=rss_by_process(sp)), fault_cb))
+        warm_cb = lambda: rss.update(warm=rss_by_process(sp))  # noqa: E731
+        outs = asyncio.run(load(sp, a, rate, warm_cb, fault_cb, timeline))
         rss["end"] = rss_by_process(sp)
         report["rss_growth_pct"] = rss_growth(rss)
+        report["rss_growth_second_half_pct"] = second_half_growth(timeline)
+        report["rss_timeline"] = timeline
         report.update(summarize(outs, a.deadline_s), rss=rss, faults=faults)
         in_flight_at_kills(report, [(o.start_s, o.end_s) for o in outs])
         report["kv_leaked_blocks"], report["kv_blocks"] = leaked_blocks(sp, 60.0)
@@ -201,6 +221,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--capacity-s", type=float, default=60.0)
     p.add_argument("--capacity-concurrency", type=int, default=8)
     p.add_argument("--warmup-frac", type=float, default=0.2, help="RSS baseline after this")
+    p.add_argument("--rss-every-s", type=float, default=30.0, help="RSS sample interval")
     p.add_argument("--deadline-s", type=float, default=180.0, help="no FINAL by then: hung")
     p.add_argument("--max-requests", type=int, default=20000)
     p.add_argument("--max-queued", type=int, default=16, help="--max-queued-requests of the server")

@@ -31,6 +31,15 @@ def rss_growth(rss: dict) -> dict[str, float]:
     return {k: round(100.0 * (end[k] - warm[k]) / warm[k], 2) for k in warm if k in end}
 
 
+def second_half_growth(timeline: list[tuple[float, dict]]) -> dict[str, float]:
+    """Percent growth from the sample nearest the middle of the run to the last one: a leak
+    keeps growing there, a process that only warms up its allocator does not."""
+    if len(timeline) < 3:
+        return {}
+    mid, last = timeline[len(timeline) // 2][1], timeline[-1][1]
+    return rss_growth({"warm": mid, "end": last})
+
+
 def in_flight_at_kills(report: dict, outs_end: list[tuple[float, float]]) -> None:
     """For each fault: requests running at the kill, and how long the slowest took to end."""
     for f in report.get("faults", []):
@@ -47,7 +56,9 @@ def write_report(report: dict, out: Path) -> None:
         "# Soak report\n",
         "```",
         json.dumps(
-            {k: v for k, v in report.items() if k not in ("rss", "args")}, indent=1, default=str
+            {k: v for k, v in report.items() if k not in ("rss", "args", "rss_timeline")},
+            indent=1,
+            default=str,
         ),
         "```",
         f"\nargs: `{json.dumps(report.get('args', {}), default=str)}`",
