@@ -106,6 +106,8 @@ class RunSummary:
     sched_ms_per_request: float | None = None
     sched_share: float | None = None
     mean_prefill_batch: float | None = None
+    prefill_batches: float | None = None  # server-side, between the run's two scrapes
+    prefill_busy_s: float | None = None  # sum of prefill batch latencies the scheduler saw
     load_avg: float | None = None  # 1-min load average of the host during the run
     idle_wait_s: float | None = None  # server drain after the run (None: not idle in time)
 

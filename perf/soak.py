@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -91,9 +92,10 @@ async def sample_rss(sp: ServeProcess, every_s: float, timeline: list) -> None:
     """(seconds since the load began, RSS per process) every `every_s`, until cancelled."""
     start = time.monotonic()
     while True:
-        timeline.append(
-            (round(time.monotonic() - start, 1), await asyncio.to_thread(rss_by_process, sp))
+        rss, private = await asyncio.gather(
+            asyncio.to_thread(rss_by_process, sp), asyncio.to_thread(rss_by_process, sp, True)
         )
+        timeline.append((round(time.monotonic() - start, 1), {"rss": rss, "private": private}))
         await asyncio.sleep(every_s)
 
 
@@ -184,13 +186,21 @@ def soak(a) -> dict:
         faults: list = []
         timeline: list = []
         fault_cb = make_fault_cb(sp, a, faults) if a.faults else None
-        warm_cb = lambda: rss.update(warm=rss_by_process(sp))  # noqa: E731
+        private: dict = {}
+
+        def warm_cb() -> None:
+            rss.update(warm=rss_by_process(sp))
+            private.update(warm=rss_by_process(sp, private=True))
+
         outs = asyncio.run(load(sp, a, rate, warm_cb, fault_cb, timeline))
-        rss["end"] = rss_by_process(sp)
+        rss["end"], private["end"] = rss_by_process(sp), rss_by_process(sp, private=True)
         report["rss_growth_pct"] = rss_growth(rss)
+        report["private_rss_growth_pct"] = rss_growth(private)
         report["rss_growth_second_half_pct"] = second_half_growth(timeline)
+        report["private_rss_growth_second_half_pct"] = second_half_growth(timeline, "private")
         report["rss_timeline"] = timeline
         report.update(summarize(outs, a.deadline_s), rss=rss, faults=faults)
+        report["requests"] = [asdict(o) for o in outs]  # one row per request, in send order
         in_flight_at_kills(report, [(o.start_s, o.end_s) for o in outs])
         report["kv_leaked_blocks"], report["kv_blocks"] = leaked_blocks(sp, 60.0)
     finally:

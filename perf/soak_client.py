@@ -26,6 +26,10 @@ class Outcome:
     start_s: float = 0.0
     end_s: float = 0.0
     tokens: int = 0
+    max_tokens: int = 0
+    last_event: str = (
+        ""  # the last SSE data line (first 200 characters): what a lost stream ended on
+    )
 
 
 def error_cause(message: str) -> str:
@@ -60,6 +64,7 @@ async def read_events(resp: httpx.Response, out: Outcome) -> None:
     async for line in sse_lines(resp):
         if not line.startswith("data: "):
             continue
+        out.last_event = line[6:206]
         try:
             event = json.loads(line[6:])
         except json.JSONDecodeError:
@@ -78,7 +83,7 @@ async def run_one(
     client: httpx.AsyncClient, base: str, payload: dict, deadline_s: float, cancel_after_s: float
 ) -> Outcome:
     """Send, read to the end; close early after cancel_after_s (> 0) like a client that left."""
-    out = Outcome(LOST, start_s=time.monotonic())
+    out = Outcome(LOST, start_s=time.monotonic(), max_tokens=payload.get("max_tokens", 0))
     url = f"{base}/v2/models/bucketserve_bls/generate_stream"
     limit = cancel_after_s if cancel_after_s > 0 else deadline_s
     try:

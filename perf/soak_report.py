@@ -10,12 +10,19 @@ from bucketserve.serving.procs import STUB_NAME, stub_instance
 from bucketserve.serving.serve_process import ServeProcess
 
 
-def rss_by_process(sp: ServeProcess) -> dict[str, int]:
-    """{launcher | tritonserver | stub instance: RSS bytes} for the live processes of a run."""
-    out = {"launcher": psutil.Process(sp.proc.pid).memory_info().rss}
+def rss_by_process(sp: ServeProcess, private: bool = False) -> dict[str, int]:
+    """{launcher | tritonserver | stub instance: RSS bytes} for the live processes of a run;
+    `private`: RSS less its shared pages (the stubs' shared-memory regions count in the RSS of
+    every process that touched them, tritonserver's included)."""
+
+    def size(p: psutil.Process) -> int:
+        m = p.memory_info()
+        return m.rss - m.shared if private else m.rss
+
+    out = {"launcher": size(psutil.Process(sp.proc.pid))}
     for p in sp.processes():
         try:
-            cmd, rss = p.info["cmdline"], p.memory_info().rss
+            cmd, rss = p.info["cmdline"], size(p)
         except psutil.Error:
             continue
         if cmd[0].endswith("tritonserver"):
@@ -31,12 +38,12 @@ def rss_growth(rss: dict) -> dict[str, float]:
     return {k: round(100.0 * (end[k] - warm[k]) / warm[k], 2) for k in warm if k in end}
 
 
-def second_half_growth(timeline: list[tuple[float, dict]]) -> dict[str, float]:
+def second_half_growth(timeline: list[tuple[float, dict]], key: str = "rss") -> dict[str, float]:
     """Percent growth from the sample nearest the middle of the run to the last one: a leak
     keeps growing there, a process that only warms up its allocator does not."""
     if len(timeline) < 3:
         return {}
-    mid, last = timeline[len(timeline) // 2][1], timeline[-1][1]
+    mid, last = timeline[len(timeline) // 2][1][key], timeline[-1][1][key]
     return rss_growth({"warm": mid, "end": last})
 
 
@@ -56,7 +63,11 @@ def write_report(report: dict, out: Path) -> None:
         "# Soak report\n",
         "```",
         json.dumps(
-            {k: v for k, v in report.items() if k not in ("rss", "args", "rss_timeline")},
+            {
+                k: v
+                for k, v in report.items()
+                if k not in ("rss", "args", "rss_timeline", "requests")
+            },
             indent=1,
             default=str,
         ),

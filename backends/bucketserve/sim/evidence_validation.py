@@ -14,15 +14,16 @@ def validation_table(validation: tuple[list[dict], str, str] | None) -> list[str
     c = rows[0]["path_overhead_s"]
     lines = [f"Server run: `{source}`. Latency model: {model}. Path constant (mean TTFT gap at each "
              f"policy's lowest rate, in sample): {1e3 * c:.0f} ms.", "",
-             "| policy | rate | requests | TTFT real / sim (s) | error | + path | TPOT real / sim (s) | error | attainment real / sim |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| policy | rate | requests | TTFT real / sim (s) | error | + path | TPOT real / sim (s) | error | attainment real / sim | prefill busy real / sim (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         lines.append(
             f"| {r['policy']} | {r['rate']:g} | {r['requests']} | {r['real_ttft_s']:.3f} / "
             f"{r['sim_ttft_s']:.3f} | {100 * r['ttft_error']:+.0f} % | "
             f"{100 * r['ttft_cal_error']:+.0f} %{' (in sample)' if r['in_sample'] else ''} | "
             f"{r['real_tpot_s']:.4f} / {r['sim_tpot_s']:.4f} | {100 * r['tpot_error']:+.0f} % | "
-            f"{r['real_attainment']:.2f} / {r['sim_attainment']:.2f} |"
+            f"{r['real_attainment']:.2f} / {r['sim_attainment']:.2f} | "
+            f"{r['real_prefill_busy_s']:.1f} / {r['sim_prefill_busy_s']:.1f} |"
         )
     out_of_sample = [r for r in rows if not r["in_sample"]]
     for k, sel, label in (("ttft", rows, "TTFT, engine only"),

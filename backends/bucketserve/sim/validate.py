@@ -14,6 +14,7 @@ runs it.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 from pathlib import Path
@@ -57,13 +58,25 @@ def _real_ok(row: dict) -> bool:
     return ttft <= row["ttft_slo_s"] and tp <= row["tpot_slo_s"]
 
 
-def compare_one(path: Path, latency: FittedLatency) -> dict:
+def server_prefill_busy(run_dir: Path) -> dict[tuple[str, float], float]:
+    """{(policy, rate): seconds of prefill batches the server's scheduler timed} from the run's
+    summary.csv (runs made before the column existed give {})."""
+    path = run_dir / "summary.csv"
+    if not path.exists():
+        return {}
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {(r["label"], float(r["offered_rate"])): float(r["prefill_busy_s"])
+            for r in rows if r.get("prefill_busy_s")}  # fmt: skip
+
+
+def compare_one(path: Path, latency: FittedLatency, busy: dict | None = None) -> dict:
     """Simulated vs measured means for one (policy, rate) file."""
     policy, rate = path.stem.rsplit("_rate", 1)
     reqs = server_requests(path)
     blocks = POOL_BYTES // (BLOCK * SMOLLM2.kv_bytes_per_token)
     cluster = ClusterSpec(blocks, SMOLLM2.kv_bytes_per_token, BLOCK, 1, 1, 1, topology="pd")
-    Simulator(policy, reqs, cluster, latency, max_model_len=SMOLLM2.max_len).run()
+    out = Simulator(policy, reqs, cluster, latency, max_model_len=SMOLLM2.max_len).run()
     real = [r.extra["real"] for r in reqs]
     done = [r for r in reqs if not math.isnan(r.finish_s)]
     row = {"policy": policy, "rate": float(rate), "requests": len(reqs)}
@@ -75,6 +88,9 @@ def compare_one(path: Path, latency: FittedLatency) -> dict:
     row["sim_attainment"] = sum(meets_slo(r) for r in reqs) / len(reqs)
     for k in ("ttft", "tpot"):
         row[f"{k}_error"] = row[f"sim_{k}_s"] / row[f"real_{k}_s"] - 1.0
+    # prefill time under serving load vs the isolated-engine model, for the same requests
+    row["real_prefill_busy_s"] = (busy or {}).get((policy, float(rate)), math.nan)
+    row["sim_prefill_busy_s"] = out.prefill_busy_s
     return row
 
 
@@ -89,7 +105,8 @@ def compare_run(run_dir: Path, bench: Path, impl: str = "bucketserve") -> tuple[
              if f.stem.rsplit("_rate", 1)[0] in POLICIES]  # ablation labels are not policies  # fmt: skip
     if not files:
         raise ValueError(f"no requests/*_rate*.jsonl under {run_dir}")
-    rows = [compare_one(f, latency) for f in files]
+    busy = server_prefill_busy(run_dir)
+    rows = [compare_one(f, latency, busy) for f in files]
     calibrate(rows)
     return rows, latency.describe()
 
@@ -122,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['policy']:13s} {r['rate']:5.2f}  TTFT real {r['real_ttft_s']:.3f} sim {r['sim_ttft_s']:.3f} "
               f"({100 * r['ttft_error']:+.0f} %, +path {100 * r['ttft_cal_error']:+.0f} %)  TPOT real {r['real_tpot_s']:.4f} sim {r['sim_tpot_s']:.4f} "
-              f"({100 * r['tpot_error']:+.0f} %)  attain real {r['real_attainment']:.2f} sim {r['sim_attainment']:.2f}")  # fmt: skip
+              f"({100 * r['tpot_error']:+.0f} %)  attain real {r['real_attainment']:.2f} sim {r['sim_attainment']:.2f}  "
+              f"prefill busy real {r['real_prefill_busy_s']:.1f} s sim {r['sim_prefill_busy_s']:.1f} s")  # fmt: skip
     return 0
 
 

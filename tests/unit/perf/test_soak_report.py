@@ -1,0 +1,23 @@
+"""The soak report's RSS arithmetic: growth from warm-up, and over the run's second half."""
+
+from __future__ import annotations
+
+from soak_report import rss_growth, second_half_growth
+
+
+def sample(t: float, rss: int, private: int) -> tuple[float, dict]:
+    return t, {"rss": {"decode": rss}, "private": {"decode": private}}
+
+
+def test_growth_is_percent_from_the_warm_sample_for_processes_in_both():
+    assert rss_growth({"warm": {"a": 100, "b": 50}, "end": {"a": 110}}) == {"a": 10.0}
+
+
+def test_second_half_growth_reads_the_middle_and_the_last_sample():
+    timeline = [sample(0, 100, 80), sample(30, 150, 90), sample(60, 200, 100), sample(90, 210, 100)]
+    assert second_half_growth(timeline) == {"decode": 5.0}  # sample 2 of 0..3 (200) -> 210
+    assert second_half_growth(timeline, "private") == {"decode": 0.0}
+
+
+def test_too_few_samples_give_no_second_half():
+    assert second_half_growth([sample(0, 1, 1), sample(30, 2, 2)]) == {}
