@@ -143,6 +143,15 @@ def kv_blocks(sp: ServeProcess) -> dict[str, tuple[int, int]]:
     return {k: (v.get("free", -1), v.get("total", -2)) for k, v in found.items()}
 
 
+def counter_total(sp: ServeProcess, name: str) -> float | None:
+    """The sum of a counter over its label sets on Triton's metrics port (None: unreadable)."""
+    try:
+        text = httpx.get(sp.metrics_url, timeout=10).text
+    except httpx.HTTPError:
+        return None
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
 def leaked_blocks(sp: ServeProcess, wait_s: float) -> tuple[int, dict]:
     """Blocks still held wait_s after the load ended (the hand-off timeout reclaims pending ones)."""
     sp.wait_ready(timeout_s=900)  # a fault near the end: read the restarted server's pools
@@ -203,6 +212,7 @@ def soak(a) -> dict:
         report["requests"] = [asdict(o) for o in outs]  # one row per request, in send order
         in_flight_at_kills(report, [(o.start_s, o.end_s) for o in outs])
         report["kv_leaked_blocks"], report["kv_blocks"] = leaked_blocks(sp, 60.0)
+        report["preemptions"] = counter_total(sp, "bucketserve_preemptions_total")
     finally:
         report["shutdown_s"] = sp.stop()
         time.sleep(1.5)

@@ -28,10 +28,6 @@ def prepare_model(spec: str) -> str:
     return spec if is_dummy(spec) else local
 
 
-PYTHON_SHM_BYTES = 64 * 2**20  # each Python stub's region for tensors and messages
-PYTHON_SHM_GROWTH_BYTES = 16 * 2**20
-
-
 class TritonServer:
     """One tritonserver process serving the BucketServe models for a ServeConfig."""
 
@@ -90,10 +86,6 @@ class TritonServer:
             "--metrics-config=summary_latencies=true",
             # the backend's own regions carry our run id, so clean_shm finds them after a crash
             f"--backend-config=python,shm-region-prefix-name={triton_shm_prefix(c.run_id)}",
-            # sized so a stub's region does not grow under load (tmpfs: untouched pages cost
-            # nothing); growing it under a soak coincided with lost final responses
-            f"--backend-config=python,shm-default-byte-size={PYTHON_SHM_BYTES}",
-            f"--backend-config=python,shm-growth-byte-size={PYTHON_SHM_GROWTH_BYTES}",
         ]
 
     def start(self) -> None:

@@ -12,8 +12,8 @@ def validation_table(validation: tuple[list[dict], str, str] | None) -> list[str
         return ["Not run: pass --server-run and --bench (see sim/validate.py)."]
     rows, model, source = validation
     c = rows[0]["path_overhead_s"]
-    lines = [f"Server run: `{source}`. Latency model: {model}. Path constant (mean TTFT gap at each "
-             f"policy's lowest rate, in sample): {1e3 * c:.0f} ms.", "",
+    lines = [f"Server run: `{source}`. Latency model: {model}. Path constant (median over policies of "
+             f"the TTFT gap at each policy's lowest rate, in sample): {1e3 * c:.0f} ms.", "",
              "| policy | rate | requests | TTFT real / sim (s) | error | + path | TPOT real / sim (s) | error | attainment real / sim | prefill busy real / sim (s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
