@@ -64,14 +64,14 @@ def test_keeper_with_no_delay_drops_at_once():
 
 
 def test_a_stream_read_to_the_end_is_kept():
-    keeper = IteratorKeeper(clock=Clock())
+    keeper = IteratorKeeper(keep_s=5.0, clock=Clock())
     request = FakeRequest(["a", "b"])
     assert list(decoupled_responses(request, keeper)) == ["a", "b"]
     assert len(keeper) == 1 and keeper.held[0][1] is request.iterator
 
 
 def test_a_consumer_that_stops_early_still_reads_the_stream_to_its_end():
-    keeper = IteratorKeeper(clock=Clock())
+    keeper = IteratorKeeper(keep_s=5.0, clock=Clock())
     request = FakeRequest(["a", "b", "c"])
     stream = decoupled_responses(request, keeper)
     assert next(stream) == "a"
@@ -81,7 +81,7 @@ def test_a_consumer_that_stops_early_still_reads_the_stream_to_its_end():
 
 
 def test_a_consumer_that_raises_still_hands_the_iterator_over():
-    keeper = IteratorKeeper(clock=Clock())
+    keeper = IteratorKeeper(keep_s=5.0, clock=Clock())
     request = FakeRequest(["a", "b"])
     with pytest.raises(RuntimeError):
         for _ in decoupled_responses(request, keeper):
