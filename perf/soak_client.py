@@ -27,9 +27,8 @@ class Outcome:
     end_s: float = 0.0
     tokens: int = 0
     max_tokens: int = 0
-    last_event: str = (
-        ""  # the last SSE data line (first 200 characters): what a lost stream ended on
-    )
+    # the last SSE data line (first 200 characters): what a lost stream ended on
+    last_event: str = ""
 
 
 def error_cause(message: str) -> str:

@@ -61,3 +61,12 @@ def metric_value(server, name: str) -> float:
         if line.startswith(name + "{") or line.startswith(name + " "):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def wait_metric_above(server, name: str, floor: float, timeout_s: float = 10.0) -> float:
+    """Poll a metric until it exceeds `floor` (decode publishes its counters every 0.25 s, so a
+    read right after a request finished can miss its last step); returns the last reading."""
+    end = time.monotonic() + timeout_s
+    while (value := metric_value(server, name)) <= floor and time.monotonic() < end:
+        time.sleep(0.1)
+    return value

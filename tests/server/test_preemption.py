@@ -8,7 +8,7 @@ import concurrent.futures as cf
 import pytest
 
 from .conftest import start_server
-from .helpers import generate, metric_value, wait_all_blocks_free
+from .helpers import generate, metric_value, wait_all_blocks_free, wait_metric_above
 
 pytestmark = pytest.mark.server
 
@@ -43,7 +43,7 @@ def test_preempted_requests_finish_with_unpreempted_output(small_pool):
     assert [r.status_code for r in together] == [200] * 6, [r.text for r in together]
     assert [r.json()["text_output"] for r in together] == [a["text_output"] for a in alone]
     assert all(r.json()["num_output_tokens"] == 160 for r in together)
-    assert metric_value(srv, "bucketserve_preemptions_total") > before
-    assert metric_value(srv, "bucketserve_recomputed_tokens_total") > 0
+    assert wait_metric_above(srv, "bucketserve_preemptions_total", before) > before
+    assert wait_metric_above(srv, "bucketserve_recomputed_tokens_total", 0) > 0
     waited, blocks = wait_all_blocks_free(srv, timeout_s=30)
     assert all(free == total for free, total in blocks.values()), blocks
