@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
+import prom  # noqa: E402
 from bucketserve.serving.serve_process import ServeProcess  # noqa: E402
 from soak_client import CANCELLED, FINISHED, Outcome, run_one  # noqa: E402
 from soak_cycles import run_cycles  # noqa: E402
@@ -144,12 +145,11 @@ def kv_blocks(sp: ServeProcess) -> dict[str, tuple[int, int]]:
 
 
 def counter_total(sp: ServeProcess, name: str) -> float | None:
-    """The sum of a counter over its label sets on Triton's metrics port (None: unreadable)."""
+    """The sum of a counter over its label sets (prom.total); None when Triton is unreadable."""
     try:
-        text = httpx.get(sp.metrics_url, timeout=10).text
-    except httpx.HTTPError:
+        return prom.total(prom.scrape(sp.metrics_url, timeout_s=10), name)
+    except OSError:  # URLError and timeouts: Triton restarting after a fault
         return None
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
 def leaked_blocks(sp: ServeProcess, wait_s: float) -> tuple[int, dict]:
