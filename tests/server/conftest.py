@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 
+import psutil
 import pytest
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.launcher import TritonServer
@@ -13,6 +14,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def server_state(server: TritonServer) -> str:
+    """What a failed server test leaves for whoever reads the CI log: whether tritonserver
+    and each of its children still run, and the tail of the server log."""
+    lines = []
+    if server.proc is not None:
+        lines.append(f"tritonserver pid {server.proc.pid}: returncode {server.proc.poll()}")
+        try:
+            for child in psutil.Process(server.proc.pid).children():
+                try:
+                    lines.append(
+                        f"  child {child.pid} {child.status()}: {' '.join(child.cmdline()[1:3])}"
+                    )
+                except psutil.Error as e:
+                    lines.append(f"  child {child.pid}: {type(e).__name__}")
+        except psutil.NoSuchProcess:
+            pass
+    lines.append(server.log_tail(80))
+    return "\n".join(lines)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        for name, value in getattr(item, "funcargs", {}).items():
+            if isinstance(value, TritonServer):
+                report.sections.append((f"server state ({name})", server_state(value)))
 
 
 def start_server(tmp_path_factory, **overrides) -> TritonServer:

@@ -21,6 +21,9 @@ COUNT_RE = re.compile(
 )
 SPAN_RE = re.compile(r"(prefill\d) batch seqs=\d+ tokens=\d+ span=([\d.]+)-([\d.]+)")
 INSTANCES = ("prefill0", "prefill1", "decode0", "decode1")
+# dummy:tiny decodes 512 tokens in seconds: on a loaded machine a stream that started first
+# could finish before the last one started. Near the model's 2,048 positions, it cannot.
+STREAM_TOKENS = 1900
 WORDS = (
     "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi".split()
 )
@@ -107,7 +110,7 @@ def test_work_lands_where_the_scheduler_placed_it(server_2p2d):
 def test_stop_and_cancel_reach_the_decode_instance_holding_the_request(server_2p2d):
     """Stops name a request, not an instance: the router and bucketserve_bls send them to
     every decode_<i>; each stopped stream ends "cancelled" and every block comes back."""
-    client, col, ids = start_streams(server_2p2d, "bucketserve")
+    client, col, ids = start_streams(server_2p2d, "bucketserve", tokens=STREAM_TOKENS)
     for rid in ids:
         client.async_stream_infer("bucketserve", inputs("stop", stop=True), request_id=rid,
                                   enable_empty_final_response=True)  # fmt: skip
@@ -121,7 +124,7 @@ def test_stop_and_cancel_reach_the_decode_instance_holding_the_request(server_2p
     # each id: the stopped stream and the stop request itself, both FINAL "cancelled"
     assert sorted(rid for rid, _ in col.finals) == sorted(ids * 2), col.finals
     assert all(reason == "cancelled" for _, reason in col.finals), col.finals
-    client, _, _ = start_streams(server_2p2d, "bucketserve_bls")
+    client, _, _ = start_streams(server_2p2d, "bucketserve_bls", tokens=STREAM_TOKENS)
     client.stop_stream(cancel_requests=True)
     client.close()
     assert_blocks_return(server_2p2d, "gRPC cancel (bucketserve_bls, 2 decode instances)")

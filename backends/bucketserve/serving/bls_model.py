@@ -25,16 +25,21 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 WATCH_INTERVAL_S = 0.1
 
 
-def call(model: str, inputs: list, outputs: list[str], request_id: str = ""):
-    """A decoupled BLS call; yields its non-empty responses, raising on an error response."""
+def call(model: str, inputs: list, outputs: list[str], barrier=None):
+    """A decoupled BLS call; yields its non-empty responses, raising on an error response.
+    `barrier`: see bls_stream (a live sender's `barrier`)."""
     request = pb_utils.InferenceRequest(
-        model_name=model, inputs=inputs, requested_output_names=outputs, request_id=request_id
+        model_name=model, inputs=inputs, requested_output_names=outputs
     )
-    for resp in decoupled_responses(request):
-        if resp.has_error():
-            raise StepError(resp.error())
-        if resp.output_tensors():
-            yield resp
+    stream = decoupled_responses(request, barrier)
+    try:
+        for resp in stream:
+            if resp.has_error():
+                raise StepError(resp.error())
+            if resp.output_tensors():
+                yield resp
+    finally:
+        stream.close()
 
 
 def stop_request(request_id: str, num_decode: int) -> None:
@@ -108,7 +113,7 @@ class BlsModel:
         if pre.has_error():
             raise StepError(pre.error())
         raw = None
-        for resp in call("scheduler", pre.output_tensors(), ["_handoff"]):
+        for resp in call("scheduler", pre.output_tensors(), ["_handoff"], sender.barrier):
             raw = pb_utils.get_output_tensor_by_name(resp, "_handoff").as_numpy()
         handoff = Handoff.from_json(raw.reshape(-1)[0])
         # the decode instance the scheduler placed it on (a cancelled hand-off: any answers)

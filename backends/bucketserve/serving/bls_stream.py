@@ -1,17 +1,21 @@
-"""Decoupled BLS calls, and a keeper that can outlive the Triton 2.51 stub's own reference.
+"""Decoupled BLS calls that never leave a response iterator's last reference to the stub.
 
-The stub keeps every decoupled BLS response iterator in a map until its utils thread handles
-the iterator's cleanup message, and that thread erases the entry without holding the GIL
+The Triton 2.51 stub keeps every decoupled BLS response iterator in a map until its utils thread
+handles the iterator's cleanup message, and that thread erases the entry without holding the GIL
 (`Stub::SendCleanupId`, checked in the 2.51 stub binary). If the model has already dropped its
 own reference, the erase runs `~ResponseIterator` there: it frees every response the iterator
-returned, and with them their numpy arrays, without the GIL. That corrupts the Python heap of
-a stub that runs other threads: `bucketserve_bls` died with SIGSEGV in `pymalloc_alloc` under
-`InferRequest::Exec` (core dump from a soak). Holding our reference `keep_s` seconds after the
-stream ended makes Python the last owner. Measured: with a hold (5 s or 0.5 s) the stub never
-died in 2,400 s of soak at 2x capacity (without: about one death per 3 minutes), but streams then
-lost their last response or hung, in bursts (up to 100 of ~3,000 requests in 10 minutes), which
-is worse than a death the supervisor turns into clean errors. So the hold is off by default
-(`BUCKETSERVE_BLS_KEEP_S`, seconds) until that is understood (issue 13).
+returned, and with them their numpy arrays, without the GIL. That corrupts the Python heap of a
+stub that runs other threads: `bucketserve_bls` died with SIGSEGV in `pymalloc_alloc` (core dump
+from a soak), numpy reported "Reference count error detected: an attempt was made to deallocate
+the dtype 17 (O)", and corrupted shared memory then killed tritonserver itself (SIGSEGV and
+std::bad_alloc in libtriton_python.so, on a loaded 2-prefill/2-decode test server).
+
+The cleanup message is queued when the iterator reads its last response, on the same FIFO queue
+and the same thread that answer `is_cancelled()`. So once a stream is read to its end, one
+`is_cancelled()` round trip (the `barrier`) proves the stub has erased its entry, and dropping ours
+afterwards runs the destructor here, with the GIL. Where no round trip is possible (the request
+is already cancelled: the stub answers that from a cache; or its FINAL was sent) the iterator is
+held `BUCKETSERVE_BLS_KEEP_S` seconds instead, which also kept the stub alive in soaks.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-KEEP_S = float(os.environ.get("BUCKETSERVE_BLS_KEEP_S", "0"))  # 0: drop at once (see above)
+KEEP_S = float(os.environ.get("BUCKETSERVE_BLS_KEEP_S", "1"))  # without a barrier (see above)
 
 
 class IteratorKeeper:
@@ -53,14 +57,18 @@ class IteratorKeeper:
 KEEPER = IteratorKeeper()
 
 
-def decoupled_responses(request, keeper: IteratorKeeper = KEEPER) -> Iterator:
+def decoupled_responses(
+    request, barrier: Callable[[], bool] | None = None, keeper: IteratorKeeper = KEEPER
+) -> Iterator:
     """`request.exec(decoupled=True)` as a generator. However the caller stops, the iterator is
     read to its end in the caller's thread (its destructor would otherwise block to do so, in
-    whichever thread drops it) and then handed to `keeper`."""
+    whichever thread drops it). Then `barrier()` (True: the stub's utils queue was passed) lets
+    this thread drop it; otherwise it goes to `keeper`."""
     responses = request.exec(decoupled=True)
     try:
         yield from responses
     finally:
         for _ in responses:  # after the last response: the stored ones again, then the end
             pass
-        keeper.keep(responses)
+        if barrier is None or not barrier():
+            keeper.keep(responses)

@@ -35,3 +35,10 @@ class GuardedSender:
     def is_cancelled(self) -> bool:
         with self.lock:
             return not self.done and self.sender.is_cancelled()
+
+    def barrier(self) -> bool:
+        """True when an is_cancelled() round trip through the stub's utils queue completed just
+        now (see bls_stream): not after FINAL, and not once cancelled (the stub then answers
+        from its cache without asking). The lock also waits out a watcher's query in flight."""
+        with self.lock:
+            return not self.done and not self.sender.is_cancelled()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import triton_python_backend_utils as pb_utils
 
 LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
@@ -12,26 +14,66 @@ MAX_BUCKETS_EXPORTED = 16
 
 _FAMILIES: dict[str, object] = {}  # a MetricFamily must outlive its Metrics: keep them all
 
+# One metric call at a time per stub. The Triton 2.51 stub serializes a Metric's request into
+# buffers it keeps on the Metric object and releases the GIL while the server reads them, so two
+# threads updating the same metric overwrite (and free) the buffer the server is reading:
+# tritonserver died with SIGSEGV in PbString::LoadFromSharedMemory under
+# Metric::LoadFromSharedMemory / ProcessMetricRequest, and with std::bad_alloc on the same path
+# (core dump of a 2-prefill/2-decode test server).
+_LOCK = threading.Lock()
+
+
+class LockedMetric:
+    """A pb_utils Metric whose calls go through the stub-wide metric lock."""
+
+    __slots__ = ("metric",)
+
+    def __init__(self, metric) -> None:
+        self.metric = metric
+
+    def set(self, value: float) -> None:
+        with _LOCK:
+            self.metric.set(value)
+
+    def increment(self, value: float) -> None:
+        with _LOCK:
+            self.metric.increment(value)
+
+    def observe(self, value: float) -> None:
+        with _LOCK:
+            self.metric.observe(value)
+
+    def value(self) -> float:
+        with _LOCK:
+            return self.metric.value()
+
 
 def family(name: str, description: str, kind):
     full = f"bucketserve_{name}"
-    if full not in _FAMILIES:
-        _FAMILIES[full] = pb_utils.MetricFamily(name=full, description=description, kind=kind)
-    return _FAMILIES[full]
+    with _LOCK:
+        if full not in _FAMILIES:
+            _FAMILIES[full] = pb_utils.MetricFamily(name=full, description=description, kind=kind)
+        return _FAMILIES[full]
+
+
+def metric(name: str, description: str, kind, **kwargs) -> LockedMetric:
+    fam = family(name, description, kind)
+    with _LOCK:
+        return LockedMetric(fam.Metric(**kwargs))
 
 
 def histogram(name: str, description: str, labels: dict, buckets: list[float]):
-    return family(name, description, pb_utils.MetricFamily.HISTOGRAM).Metric(
-        labels=labels, buckets=buckets
+    return metric(
+        name, description, pb_utils.MetricFamily.HISTOGRAM, labels=labels, buckets=buckets
     )
 
 
 def gauge(name: str, description: str, labels: dict):
-    return family(name, description, pb_utils.MetricFamily.GAUGE).Metric(labels=labels)
+    return metric(name, description, pb_utils.MetricFamily.GAUGE, labels=labels)
 
 
 def counter(name: str, description: str, labels: dict):
-    return family(name, description, pb_utils.MetricFamily.COUNTER).Metric(labels=labels)
+    return metric(name, description, pb_utils.MetricFamily.COUNTER, labels=labels)
 
 
 class KvMetrics:

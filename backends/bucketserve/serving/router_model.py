@@ -32,18 +32,23 @@ class StepError(RuntimeError):
         self.error = error
 
 
-def decode_stream(index: int, handoff_bytes: np.ndarray):
-    """The non-empty responses of `decode_<index>` for one hand-off; StepError on an error."""
+def decode_stream(index: int, handoff_bytes: np.ndarray, barrier=None):
+    """The non-empty responses of `decode_<index>` for one hand-off; StepError on an error.
+    `barrier`: see bls_stream (a live sender's `barrier`)."""
     request = pb_utils.InferenceRequest(
         model_name=f"decode_{index}",
         inputs=[pb_utils.Tensor("_handoff", handoff_bytes)],
         requested_output_names=OUTPUTS,
     )
-    for resp in decoupled_responses(request):
-        if resp.has_error():
-            raise StepError(resp.error())
-        if resp.output_tensors():
-            yield resp
+    stream = decoupled_responses(request, barrier)
+    try:
+        for resp in stream:
+            if resp.has_error():
+                raise StepError(resp.error())
+            if resp.output_tensors():
+                yield resp
+    finally:
+        stream.close()  # now, not whenever the generator is collected
 
 
 def is_final(resp) -> bool:
@@ -53,26 +58,33 @@ def is_final(resp) -> bool:
 
 def relay(index: int, handoff_bytes: np.ndarray, sender, wrap=None) -> None:
     """Forward decode_<index>'s stream to `sender`, ending with exactly one FINAL; `wrap`
-    reshapes each output tensor (a TensorRT-LLM-shaped entry model adds the batch dimension)."""
+    reshapes each output tensor (a TensorRT-LLM-shaped entry model adds the batch dimension).
+    The FINAL goes out only after the BLS stream is closed: its barrier needs a live sender."""
+    last, error = None, None
+    stream = decode_stream(index, handoff_bytes, sender.barrier)
     try:
-        for resp in decode_stream(index, handoff_bytes):
-            final = is_final(resp)
+        for resp in stream:
             outputs = [wrap(t) for t in resp.output_tensors()] if wrap else resp.output_tensors()
-            sender.send(
-                pb_utils.InferenceResponse(output_tensors=outputs),
-                flags=FINAL if final else 0,
-            )
-            if final:
-                return
-        sender.send(flags=FINAL)
+            if is_final(resp):
+                last = outputs
+                break
+            sender.send(pb_utils.InferenceResponse(output_tensors=outputs))
     except StepError as e:
-        sender.send(pb_utils.InferenceResponse(error=e.error), flags=FINAL)
+        error = e.error
+    finally:
+        stream.close()
+    if error is not None:
+        sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+    elif last is not None:
+        sender.send(pb_utils.InferenceResponse(output_tensors=last), flags=FINAL)
+    else:
+        sender.send(flags=FINAL)
 
 
-def broadcast_stop(indices, handoff_bytes: np.ndarray) -> None:
+def broadcast_stop(indices, handoff_bytes: np.ndarray, barrier=None) -> None:
     """A stop names a request, not an instance: each decode instance gets it (cheap)."""
     for index in indices:
-        for _ in decode_stream(index, handoff_bytes):
+        for _ in decode_stream(index, handoff_bytes, barrier):
             pass
 
 
@@ -97,7 +109,7 @@ class RouterModel:
                 raise ValueError("missing input _handoff")
             handoff = Handoff.from_json(raw.reshape(-1)[0])
             if handoff.kind == KIND_STOP:  # decode_0 answers it below
-                broadcast_stop(range(1, self.num_decode), raw)
+                broadcast_stop(range(1, self.num_decode), raw, sender.barrier)
             index = handoff.decode_index if handoff.kind == KIND_GENERATE else 0
             relay(index, raw, sender)
         except Exception as e:  # every request still gets its FINAL

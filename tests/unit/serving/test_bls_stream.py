@@ -1,4 +1,4 @@
-"""Decoupled BLS iterators: read to the end and held past the stub's cleanup (Triton 2.51 stub)."""
+"""Decoupled BLS iterators: read to the end, then dropped after a barrier or held (Triton 2.51 stub)."""
 
 from __future__ import annotations
 
@@ -66,14 +66,14 @@ def test_keeper_with_no_delay_drops_at_once():
 def test_a_stream_read_to_the_end_is_kept():
     keeper = IteratorKeeper(keep_s=5.0, clock=Clock())
     request = FakeRequest(["a", "b"])
-    assert list(decoupled_responses(request, keeper)) == ["a", "b"]
+    assert list(decoupled_responses(request, keeper=keeper)) == ["a", "b"]
     assert len(keeper) == 1 and keeper.held[0][1] is request.iterator
 
 
 def test_a_consumer_that_stops_early_still_reads_the_stream_to_its_end():
     keeper = IteratorKeeper(keep_s=5.0, clock=Clock())
     request = FakeRequest(["a", "b", "c"])
-    stream = decoupled_responses(request, keeper)
+    stream = decoupled_responses(request, keeper=keeper)
     assert next(stream) == "a"
     stream.close()  # what a `return` inside the caller's for loop does
     assert request.iterator.read == 3
@@ -84,6 +84,31 @@ def test_a_consumer_that_raises_still_hands_the_iterator_over():
     keeper = IteratorKeeper(keep_s=5.0, clock=Clock())
     request = FakeRequest(["a", "b"])
     with pytest.raises(RuntimeError):
-        for _ in decoupled_responses(request, keeper):
+        for _ in decoupled_responses(request, keeper=keeper):
             raise RuntimeError("client gone")
     assert request.iterator.read == 2 and len(keeper) == 1
+
+
+def test_after_a_barrier_the_iterator_is_dropped_here_not_kept():
+    keeper = IteratorKeeper(keep_s=5.0, clock=Clock())
+    request = FakeRequest(["a", "b", "c"])
+    gone = weakref.ref(request.iterator)
+    seen = []
+
+    def barrier() -> bool:
+        seen.append(gone().read)  # the stream was read to its end first
+        return True
+
+    stream = decoupled_responses(request, barrier, keeper)
+    assert next(stream) == "a"
+    del request.iterator
+    stream.close()
+    assert seen == [3] and len(keeper) == 0
+    assert gone() is None  # the last reference went in this thread
+
+
+def test_a_failed_barrier_falls_back_to_the_keeper():
+    keeper = IteratorKeeper(keep_s=5.0, clock=Clock())
+    request = FakeRequest(["a"])
+    assert list(decoupled_responses(request, lambda: False, keeper)) == ["a"]
+    assert len(keeper) == 1

@@ -55,3 +55,14 @@ def test_cancellation_is_seen_before_final():
     raw = RecordingSender()
     raw.is_cancelled = lambda: True
     assert GuardedSender(raw).is_cancelled() is True
+
+
+def test_barrier_is_a_round_trip_only_while_the_request_is_live_and_not_cancelled():
+    raw = RecordingSender()
+    sender = GuardedSender(raw)
+    assert sender.barrier() is True  # asked Triton, got "not cancelled"
+    raw.is_cancelled = lambda: True  # the stub caches True: later answers never ask
+    assert sender.barrier() is False
+    raw.is_cancelled = lambda: False
+    sender.send("last", flags=FINAL_FLAG)
+    assert sender.barrier() is False  # after FINAL nothing may ask
