@@ -77,8 +77,9 @@ def relay(index: int, handoff_bytes: np.ndarray, sender, wrap=None) -> None:
         sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
     elif last is not None:
         sender.send(pb_utils.InferenceResponse(output_tensors=last), flags=FINAL)
-    else:
-        sender.send(flags=FINAL)
+    else:  # a stream cut short says so: the client must not take it for a whole answer
+        message = f"decode_{index}: stream ended without a finish reason (issue 13)"
+        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
 
 
 def broadcast_stop(indices, handoff_bytes: np.ndarray, barrier=None) -> None:
