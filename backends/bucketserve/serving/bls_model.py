@@ -13,33 +13,16 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from bucketserve.serving.bls_stream import KEEPER, decoupled_responses
+from bucketserve.serving.bls_stream import KEEPER
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import INPUT_NAMES, GenerateParams
 from bucketserve.serving.guarded_sender import GuardedSender
 from bucketserve.serving.handoff import KIND_GENERATE, Handoff
-from bucketserve.serving.router_model import StepError, broadcast_stop, relay
+from bucketserve.serving.router_model import StepError, broadcast_stop, call, relay
 from bucketserve.serving.triton_io import bytes_tensor, model_parameter
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 WATCH_INTERVAL_S = 0.1
-
-
-def call(model: str, inputs: list, outputs: list[str], barrier=None):
-    """A decoupled BLS call; yields its non-empty responses, raising on an error response.
-    `barrier`: see bls_stream (a live sender's `barrier`)."""
-    request = pb_utils.InferenceRequest(
-        model_name=model, inputs=inputs, requested_output_names=outputs
-    )
-    stream = decoupled_responses(request, barrier)
-    try:
-        for resp in stream:
-            if resp.has_error():
-                raise StepError(resp.error())
-            if resp.output_tensors():
-                yield resp
-    finally:
-        stream.close()
 
 
 def stop_request(request_id: str, num_decode: int) -> None:

@@ -32,13 +32,11 @@ class StepError(RuntimeError):
         self.error = error
 
 
-def decode_stream(index: int, handoff_bytes: np.ndarray, barrier=None):
-    """The non-empty responses of `decode_<index>` for one hand-off; StepError on an error.
-    `barrier`: see bls_stream (a live sender's `barrier`)."""
+def call(model: str, inputs: list, outputs: list[str], barrier=None):
+    """A decoupled BLS call; yields its non-empty responses, raising StepError on an error
+    response. `barrier`: see bls_stream (a live sender's `barrier`)."""
     request = pb_utils.InferenceRequest(
-        model_name=f"decode_{index}",
-        inputs=[pb_utils.Tensor("_handoff", handoff_bytes)],
-        requested_output_names=OUTPUTS,
+        model_name=model, inputs=inputs, requested_output_names=outputs
     )
     stream = decoupled_responses(request, barrier)
     try:
@@ -49,6 +47,11 @@ def decode_stream(index: int, handoff_bytes: np.ndarray, barrier=None):
                 yield resp
     finally:
         stream.close()  # now, not whenever the generator is collected
+
+
+def decode_stream(index: int, handoff_bytes: np.ndarray, barrier=None):
+    """The non-empty responses of `decode_<index>` for one hand-off; StepError on an error."""
+    return call(f"decode_{index}", [pb_utils.Tensor("_handoff", handoff_bytes)], OUTPUTS, barrier)
 
 
 def is_final(resp) -> bool:
