@@ -19,7 +19,7 @@ from bucketserve.serving.contract import INPUT_NAMES, GenerateParams
 from bucketserve.serving.guarded_sender import GuardedSender
 from bucketserve.serving.handoff import KIND_GENERATE, Handoff
 from bucketserve.serving.router_model import StepError, broadcast_stop, call, relay
-from bucketserve.serving.triton_io import bytes_tensor, model_parameter
+from bucketserve.serving.triton_io import bytes_tensor, model_parameter, route_logging
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 WATCH_INTERVAL_S = 0.1
@@ -38,6 +38,7 @@ class BlsModel:
     """One relay thread per request plus a watcher that turns client cancellation into stops."""
 
     def initialize(self, args: dict) -> None:
+        route_logging("bucketserve.serving.router_model")
         cfg = ServeConfig.read(model_parameter(args, "run_config"))
         self.num_decode = len(cfg.decode_devices)
         # TensorRT-LLM-shaped entry models (max_batch_size 1) carry a leading batch dimension.
@@ -76,11 +77,13 @@ class BlsModel:
         try:
             self.run(sender, rid, [pb_utils.Tensor(n, arr) for n, arr in inputs])
         except Exception as e:
+            if not isinstance(e, StepError):  # a step's error is the client's answer, not ours
+                pb_utils.Logger.log_warn(f"bucketserve_bls: {rid}: {type(e).__name__}: {e}")
             try:
                 error = e.error if isinstance(e, StepError) else pb_utils.TritonError(str(e))
                 sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
-            except Exception:  # the client is gone; nothing left to tell it
-                pass
+            except Exception as e2:  # the client is gone; nothing left to tell it
+                pb_utils.Logger.log_warn(f"bucketserve_bls: {rid}: no FINAL sent: {e2}")
         finally:
             with self.lock:
                 self.active.pop(rid, None)
@@ -101,7 +104,7 @@ class BlsModel:
         handoff = Handoff.from_json(raw.reshape(-1)[0])
         # the decode instance the scheduler placed it on (a cancelled hand-off: any answers)
         index = handoff.decode_index if handoff.kind == KIND_GENERATE else 0
-        relay(index, raw, sender, self.batch if self.batched else None)
+        relay(index, raw, sender, self.batch if self.batched else None, label=rid)
 
     def unbatch(self, name: str, arr: np.ndarray) -> np.ndarray:
         """[1, ...] -> [...] for the models behind the relay (they take the vLLM shapes)."""

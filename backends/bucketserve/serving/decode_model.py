@@ -23,7 +23,7 @@ from bucketserve.serving.model_info import load_tokenizer, model_info
 from bucketserve.serving.notify import FinishNotifier, socket_path
 from bucketserve.serving.relay import Client, ResponseRelay, merge
 from bucketserve.serving.repository import model_index
-from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter
+from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter, route_logging
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 GAUGE_INTERVAL_S = 0.25
@@ -59,6 +59,7 @@ class DecodeModel:
     def initialize(self, args: dict) -> None:
         from bucketserve.engine.block_manager import BlockManager
 
+        route_logging("bucketserve.serving.relay", "bucketserve.serving.decode_worker")
         cfg = ServeConfig.read(model_parameter(args, "run_config"))
         index = model_index(args["model_name"])
         self.name = f"decode{index}"

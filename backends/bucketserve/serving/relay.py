@@ -10,6 +10,7 @@ prefill) is remembered for EARLY_STOP_TTL_S and applied when the request arrives
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from bucketserve.serving.decode_stream import Delta
 from bucketserve.serving.handoff import Handoff
 
 EARLY_STOP_TTL_S = 60.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -84,34 +87,55 @@ class ResponseRelay:
                 self.worker.cancel(key)
 
     def deliver(self, deltas: list[Delta]) -> bool:
-        """Send what each request produced; True when some request finished."""
+        """Send what each request produced; True when some request finished. A send that fails
+        ends that request (an error FINAL if one can still go out) and no other."""
         finished = False
         for d in deltas:
             with self.lock:
                 client = self.clients.get(d.key)
             if client is None:
                 continue
-            if d.first_token_s:
-                client.first_token_s = d.first_token_s
-            p = client.handoff.params
-            text = d.text
-            if not client.echoed and p.prompt_text:
-                text, client.echoed = p.prompt_text + text, True
-            client.logprobs += d.logprobs
-            client.cum_logprob += sum(next(iter(e.values()))["logprob"] for e in d.logprobs)
-            if not d.finish_reason and not p.stream:
-                client.buffer += text
-                continue
-            text, client.buffer = client.buffer + text, ""
-            if d.finish_reason:
-                self.complete(d, client, text)
-                finished = True
-            else:
-                self.send(client.sender, text, "", p.num_input_tokens, d.num_output_tokens, False,
-                          client.take_logprobs())  # fmt: skip
-                if client.sender.is_cancelled():
-                    self.worker.cancel(d.key)
+            try:
+                finished |= self.deliver_one(d, client)
+            except Exception as e:
+                finished |= self.send_failed(d, client, e)
         return finished
+
+    def deliver_one(self, d: Delta, client: Client) -> bool:
+        if d.first_token_s:
+            client.first_token_s = d.first_token_s
+        p = client.handoff.params
+        text = d.text
+        if not client.echoed and p.prompt_text:
+            text, client.echoed = p.prompt_text + text, True
+        client.logprobs += d.logprobs
+        client.cum_logprob += sum(next(iter(e.values()))["logprob"] for e in d.logprobs)
+        if not d.finish_reason and not p.stream:
+            client.buffer += text
+            return False
+        text, client.buffer = client.buffer + text, ""
+        if d.finish_reason:
+            self.complete(d, client, text)
+            return True
+        self.send(client.sender, text, "", p.num_input_tokens, d.num_output_tokens, False,
+                  client.take_logprobs())  # fmt: skip
+        if client.sender.is_cancelled():
+            self.worker.cancel(d.key)
+        return False
+
+    def send_failed(self, d: Delta, client: Client, e: Exception) -> bool:
+        """A streamed delta could not be sent: the request ends here (and stops decoding)."""
+        with self.lock:
+            gone = self.clients.pop(d.key, None) is not None
+            if self.by_request_id.get(client.handoff.params.request_id) == d.key:
+                del self.by_request_id[client.handoff.params.request_id]
+        if not gone:  # complete() had it already
+            return False
+        self.worker.cancel(d.key)  # its cancelled delta finds no client: nothing more is sent
+        self.last_resort(client, e)
+        d.error = d.error or f"send failed: {e}"  # not counted as a finished generation
+        self.on_final(d, client)
+        return True
 
     def complete(self, d: Delta, client: Client, text: str) -> None:
         p = client.handoff.params
@@ -119,12 +143,24 @@ class ResponseRelay:
             self.clients.pop(d.key, None)
             if self.by_request_id.get(p.request_id) == d.key:
                 del self.by_request_id[p.request_id]
-        if d.error:
-            self.send_error(client.sender, d.error, d.busy)
-        else:
-            self.send(client.sender, text, d.finish_reason, p.num_input_tokens,
-                      d.num_output_tokens, True, client.take_logprobs())  # fmt: skip
-        self.on_final(d, client)
+        try:
+            if d.error:
+                self.send_error(client.sender, d.error, d.busy)
+            else:
+                self.send(client.sender, text, d.finish_reason, p.num_input_tokens,
+                          d.num_output_tokens, True, client.take_logprobs())  # fmt: skip
+        except Exception as e:
+            self.last_resort(client, e)
+        self.on_final(d, client)  # the scheduler's account is freed whatever the client got
+
+    def last_resort(self, client: Client, e: Exception) -> None:
+        """A response could not be sent: log it, and try an error FINAL instead."""
+        rid = client.handoff.params.request_id or "?"
+        log.warning("decode: request %s: send failed: %s: %s", rid, type(e).__name__, e)
+        try:
+            self.send_error(client.sender, f"decode: could not send a response: {e}", False)
+        except Exception as e2:
+            log.warning("decode: request %s: no FINAL sent: %s", rid, e2)
 
 
 def merge(items: list[Delta]) -> list[Delta]:

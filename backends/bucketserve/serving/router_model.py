@@ -8,7 +8,9 @@ same helpers to call the chosen instance directly.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -18,10 +20,12 @@ from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import OUTPUT_NAMES
 from bucketserve.serving.guarded_sender import GuardedSender
 from bucketserve.serving.handoff import KIND_GENERATE, KIND_STOP, Handoff
-from bucketserve.serving.triton_io import model_parameter
+from bucketserve.serving.triton_io import model_parameter, route_logging
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 OUTPUTS = list(OUTPUT_NAMES)
+
+log = logging.getLogger(__name__)
 
 
 class StepError(RuntimeError):
@@ -59,19 +63,23 @@ def is_final(resp) -> bool:
     return reason is not None and bool(reason.as_numpy().reshape(-1)[0])
 
 
-def relay(index: int, handoff_bytes: np.ndarray, sender, wrap=None) -> None:
+def relay(index: int, handoff_bytes: np.ndarray, sender, wrap=None, label: str = "") -> None:
     """Forward decode_<index>'s stream to `sender`, ending with exactly one FINAL; `wrap`
     reshapes each output tensor (a TensorRT-LLM-shaped entry model adds the batch dimension).
-    The FINAL goes out only after the BLS stream is closed: its barrier needs a live sender."""
-    last, error = None, None
+    The FINAL goes out only after the BLS stream is closed: its barrier needs a live sender.
+    `label` (the request id) names the request in the server log when its stream is cut."""
+    last, error, relayed = None, None, 0
+    started = last_s = time.monotonic()
     stream = decode_stream(index, handoff_bytes, sender.barrier)
     try:
         for resp in stream:
+            last_s = time.monotonic()
             outputs = [wrap(t) for t in resp.output_tensors()] if wrap else resp.output_tensors()
             if is_final(resp):
                 last = outputs
                 break
             sender.send(pb_utils.InferenceResponse(output_tensors=outputs))
+            relayed += 1
     except StepError as e:
         error = e.error
     finally:
@@ -82,6 +90,11 @@ def relay(index: int, handoff_bytes: np.ndarray, sender, wrap=None) -> None:
         sender.send(pb_utils.InferenceResponse(output_tensors=last), flags=FINAL)
     else:  # a stream cut short says so: the client must not take it for a whole answer
         message = f"decode_{index}: stream ended without a finish reason (issue 13)"
+        now = time.monotonic()
+        log.warning(
+            "%s: request %s, %d responses relayed, %.1f s after the start, %.1f s after the last",
+            message, label or "?", relayed, now - started, now - last_s,
+        )  # fmt: skip
         sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
 
 
@@ -96,6 +109,7 @@ class RouterModel:
     """Triton lifecycle: each request is relayed on its own thread."""
 
     def initialize(self, args: dict) -> None:
+        route_logging(__name__)
         cfg = ServeConfig.read(model_parameter(args, "run_config"))
         self.num_decode = len(cfg.decode_devices)
 
@@ -115,7 +129,7 @@ class RouterModel:
             if handoff.kind == KIND_STOP:  # decode_0 answers it below
                 broadcast_stop(range(1, self.num_decode), raw, sender.barrier)
             index = handoff.decode_index if handoff.kind == KIND_GENERATE else 0
-            relay(index, raw, sender)
+            relay(index, raw, sender, label=handoff.params.request_id)
         except Exception as e:  # every request still gets its FINAL
             sender.send(
                 pb_utils.InferenceResponse(error=pb_utils.TritonError(f"decode_router: {e}")),

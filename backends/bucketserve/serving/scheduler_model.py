@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 
@@ -19,7 +18,7 @@ from bucketserve.serving.model_info import model_info
 from bucketserve.serving.notify import FinishListener, socket_path
 from bucketserve.serving.overload import Admission
 from bucketserve.serving.scheduler_core import SchedulerCore, Waiting
-from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter
+from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter, route_logging
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -70,16 +69,11 @@ class Metrics:
         self.placed = self.placement.batch
 
 
-class TritonLogHandler(logging.Handler):
-    def emit(self, record: logging.LogRecord) -> None:
-        pb_utils.Logger.log_error(self.format(record))
-
-
 class SchedulerModel:
     """Queues requests, forms prefill batches by policy, calls `prefill_<i>`, hands on to decode."""
 
     def initialize(self, args: dict) -> None:
-        logging.getLogger("bucketserve.serving.scheduler_core").addHandler(TritonLogHandler())
+        route_logging("bucketserve.serving.scheduler_core")
         self.cfg = ServeConfig.read(model_parameter(args, "run_config"))
         max_model_len = model_info(self.cfg).max_model_len
         sched_cfg = self.cfg.scheduler_config(max_model_len)

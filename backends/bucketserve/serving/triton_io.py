@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -37,3 +38,24 @@ def bytes_tensor(name: str, text: str) -> pb_utils.Tensor:
 
 def json_input(request, name: str) -> str:
     return pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0].decode()
+
+
+class TritonLogHandler(logging.Handler):
+    """Python `logging` records of the Triton-free modules, into the server log at their level."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR:
+            pb_utils.Logger.log_error(self.format(record))
+        elif record.levelno >= logging.WARNING:
+            pb_utils.Logger.log_warn(self.format(record))
+        else:
+            pb_utils.Logger.log_info(self.format(record))
+
+
+def route_logging(*names: str) -> None:
+    """Send these loggers' warnings and errors to the server log (once per logger)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, TritonLogHandler) for h in logger.handlers):
+            logger.addHandler(TritonLogHandler())
+        logger.setLevel(logging.WARNING)

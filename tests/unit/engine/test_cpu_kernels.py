@@ -141,3 +141,36 @@ def test_fresh_cache_builds_past_a_stale_lock(tmp_path):
                           env=dict(os.environ, BUCKETSERVE_CACHE=str(tmp_path)))  # fmt: skip
     assert proc.stdout.strip() == "True", proc.stdout + proc.stderr[-2000:]
     assert (lock.parent / f"{cpu_ops.library_name()}.so").exists()
+
+
+def test_padded_rows_bounds_the_shapes_and_the_padding():
+    """oneDNN GEMM row counts: never fewer than asked, at most 1/16 more, exact below 32,
+    monotonic, and few distinct values (each one costs memory for good)."""
+    from bucketserve.engine.fusion import MIN_ROWS, padded_rows
+
+    out = [padded_rows(r) for r in range(1, 8193)]
+    for rows, padded in enumerate(out, start=1):
+        assert padded >= max(rows, MIN_ROWS)
+        if MIN_ROWS <= rows < 32:
+            assert padded == rows
+        elif rows >= 32:
+            assert padded <= rows * (1 + 1 / 16)
+    assert out == sorted(out)
+    assert len(set(out)) <= 32 + 16 * 8  # exact below 32, 16 per power of two up to 8192
+
+
+def test_onednn_linear_matches_torch_at_padded_row_counts():
+    from bucketserve.engine.fusion import OneDnnLinear, is_onednn_available, padded_rows
+
+    assert is_onednn_available()  # this torch build has it: the fast path must be tested
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 96).eval()
+    packed = OneDnnLinear(linear)
+    sizes = (1, 3, 33, 129, 300, 901)
+    assert all(padded_rows(rows) > rows for rows in sizes)  # each one runs padded
+    for rows in sizes:
+        x = torch.randn(rows, 64)
+        with torch.inference_mode():
+            out = packed(x)
+        assert out.shape == (rows, 96)
+        assert rel_err(out, F.linear(x, linear.weight, linear.bias)) < 1e-5
