@@ -51,8 +51,8 @@ def effective_attainment(row: dict, tail: bool = False) -> float:
 
 LATENCY = RooflineLatency(LLAMA2_13B, A100_40GB)
 BASE = ClusterSpec.for_hardware(LLAMA2_13B, A100_40GB)  # 2P2D for P/D, 4 aggregated
-SERVER_RUN = Path("perf/results/2026-12-01-x86_64-cpu2-smoke")
-BENCH = Path("perf/results/engine_bench_cpu_2026-12-01-1thread.jsonl")
+SERVER_RUN = Path("perf/results/2026-12-01-x86_64-cpu2-smoke-validation")
+BENCH = Path("perf/results/engine_bench_cpu_2026-12-01-validation-1thread.jsonl")
 
 
 @dataclass(slots=True, frozen=True)

@@ -44,6 +44,10 @@ class Upstream:
                           "len": len(body)})  # fmt: skip
         if request.url.path.endswith("/busy"):
             return JSONResponse({"error": "server busy: 4 requests are already waiting"}, 400)
+        if request.url.path.endswith("/short/generate_stream"):  # closed early, cleanly
+            return StreamingResponse(self.short_events(False), media_type="text/event-stream")
+        if request.url.path.endswith("/whole/generate_stream"):
+            return StreamingResponse(self.short_events(True), media_type="text/event-stream")
         if request.url.path.endswith("/cut/generate_stream"):
             return StreamingResponse(self.cut_events(), media_type="text/event-stream")
         if request.url.path.endswith("/generate_stream"):
@@ -57,6 +61,11 @@ class Upstream:
         while not self.release.is_set():  # then hang until the test kills the upstream
             await asyncio.sleep(0.02)
         yield b'data: {"text_output": "end"}\n\n'
+
+    async def short_events(self, finish: bool):
+        yield b'data: {"text_output": "a", "finish_reason": ""}\n\n'
+        last = "length" if finish else ""
+        yield f'data: {{"text_output": "b", "finish_reason": "{last}"}}\n\n'.encode()
 
     async def cut_events(self):
         """One event split across two writes, then half an event, then silence until killed."""
@@ -160,3 +169,21 @@ def test_stream_cut_inside_an_event_never_reaches_the_client_half_written(setup)
     assert events[0] == {"text_output": "t0"}
     assert "decode_0_0" in events[-1]["error"] and len(events) == 2
     assert front.inflight == 0
+
+
+def sse_events(url: str) -> list[dict]:
+    with requests.post(url, json={}, stream=True) as r:
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: ")]
+
+
+def test_stream_closed_without_a_last_event_ends_in_an_error_and_is_counted(setup):
+    """Triton closing a stream cleanly before its finish reason must not pass for a whole
+    answer (seen in soaks, issue 13): the client gets an error event after the last text."""
+    base, _, _, front = setup
+    events = sse_events(f"{base}/v2/models/short/generate_stream")
+    assert [e.get("text_output") for e in events[:2]] == ["a", "b"]
+    assert events[-1] == {"error": "stream ended without a final response (issue 13)"}
+    assert front.metrics.cut._value.get() == 1
+    whole = sse_events(f"{base}/v2/models/whole/generate_stream")  # a whole one is untouched
+    assert len(whole) == 2 and whole[-1]["finish_reason"] == "length"
+    assert front.metrics.cut._value.get() == 1 and front.inflight == 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import time
 
 import anyio
 import httpx
@@ -26,6 +28,18 @@ CAUSE_WAIT_S = 1.0  # a reset may reach us before the supervisor has noticed the
 BUSY_MARK = "server busy"
 INLINE_CHECK_BYTES = 64 * 1024
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
+CUT_MESSAGE = "stream ended without a final response (issue 13)"
+
+log = logging.getLogger(__name__)
+
+
+def is_last_event(event: bytes) -> bool:
+    """Whether an SSE event (`data: {...}`) ends a generation: a finish reason or an error."""
+    try:
+        body = json.loads(event.strip().removeprefix(b"data:"))
+    except ValueError:
+        return False
+    return isinstance(body, dict) and bool(body.get("finish_reason") or body.get("error"))
 
 
 def error(status: int, message: str, retry: bool = False) -> JSONResponse:
@@ -132,6 +146,7 @@ class Front:
     async def stream(self, resp: httpx.Response):
         sse = "event-stream" in resp.headers.get("content-type", "")
         tail = b""  # SSE: only whole events go out, so an error event never lands mid-event
+        last, events, started = b"", 0, time.monotonic()
         try:
             async for chunk in resp.aiter_raw():
                 if not sse:
@@ -139,9 +154,18 @@ class Front:
                     continue
                 whole, sep, tail = (tail + chunk).rpartition(b"\n\n")
                 if sep:
+                    batch = whole.split(b"\n\n")
+                    last, events = batch[-1], events + len(batch)
                     yield whole + sep
             if tail.strip():
                 raise httpx.RemoteProtocolError("stream ended inside an event")
+            if sse and not is_last_event(last):  # Triton closed it without a last event
+                self.metrics.cut.inc()
+                log.warning(
+                    "%s: %s after %d events, %.1f s; last event: %.200s",
+                    CUT_MESSAGE, resp.request.url.path, events, time.monotonic() - started, last,
+                )  # fmt: skip
+                yield f"data: {json.dumps({'error': CUT_MESSAGE})}\n\n".encode()
         except httpx.TransportError as e:
             self.metrics.broken.inc()
             if not sse:
