@@ -121,7 +121,7 @@ def _overhead(rows: list[dict]) -> str:
     return (
         f"| bucketing overhead | < 1 % | median {100 * med:.3f} %, p95 {100 * p95:.2f} %, max "
         f"{100 * share[-1]:.2f} % of GPU time over {len(share)} runs | — | {verdict} (median; the "
-        "decision time is wall-clock on a machine at load 15-45, so the tail is inflated) |"
+        "decision time is wall-clock, so the tail includes the machine's scheduling noise) |"
     )
 
 
