@@ -26,8 +26,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 import prom  # noqa: E402
-from bucketserve.serving.serve_process import ServeProcess  # noqa: E402
-from soak_client import CANCELLED, FINISHED, Outcome, run_one  # noqa: E402
+from bucketserve.serving.serve_process import ServeProcess, free_port  # noqa: E402
+from soak_client import CANCELLED, FINISHED, Outcome, Target, run_one  # noqa: E402
 from soak_cycles import run_cycles  # noqa: E402
 from soak_report import (  # noqa: E402
     in_flight_at_kills,
@@ -53,7 +53,7 @@ def payload(rng: random.Random) -> dict:
     return p
 
 
-async def capacity(base: str, seconds: float, concurrency: int, seed: int) -> float:
+async def capacity(target: Target, seconds: float, concurrency: int, seed: int) -> float:
     """Finished requests per second at a fixed concurrency, after warm-up.
 
     The window opens once `concurrency` requests have finished (a cold server's first requests
@@ -66,7 +66,7 @@ async def capacity(base: str, seconds: float, concurrency: int, seed: int) -> fl
 
         async def worker() -> None:
             while not stop.is_set():
-                done.append(await run_one(client, base, payload(rng), 300.0, 0.0))
+                done.append(await run_one(client, target, payload(rng), 300.0, 0.0))
 
         def finished_since(t: float) -> int:
             return sum(1 for o in done if o.kind == FINISHED and o.end_s >= t)
@@ -101,11 +101,11 @@ async def sample_rss(sp: ServeProcess, every_s: float, timeline: list) -> None:
 
 
 async def load(
-    sp: ServeProcess, a, rate: float, warm_cb, fault_cb, timeline: list
+    sp: ServeProcess, target: Target, a, rate: float, warm_cb, fault_cb, timeline: list
 ) -> list[Outcome]:
     """Open-loop Poisson arrivals at `rate` for a.duration seconds; 10 % cancelled early."""
     rng, tasks = random.Random(a.seed), []
-    base, start = f"http://{sp.http_url}", time.monotonic()
+    start = time.monotonic()
     limits = httpx.Limits(max_connections=None)
     sampler = asyncio.create_task(sample_rss(sp, a.rss_every_s, timeline))
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
@@ -121,7 +121,7 @@ async def load(
         while more():
             cancel = rng.uniform(0.2, 5.0) if rng.random() < a.cancel_frac else 0.0
             tasks.append(asyncio.create_task(
-                run_one(client, base, payload(rng), a.deadline_s, cancel)))  # fmt: skip
+                run_one(client, target, payload(rng), a.deadline_s, cancel)))  # fmt: skip
             await asyncio.sleep(rng.expovariate(rate))
             if not warm_done and time.monotonic() - start > a.warmup_frac * a.duration:
                 warm_done = True
@@ -176,18 +176,33 @@ def make_fault_cb(sp: ServeProcess, a, faults_out: list):
     return run_faults
 
 
+def make_target(sp: ServeProcess, api: str, openai_port: int) -> Target:
+    if api == "v2":
+        return Target(f"http://{sp.http_url}")
+    base = f"http://127.0.0.1:{openai_port}"
+    for _ in range(600):  # the OpenAI front starts after Triton is ready
+        try:
+            model = httpx.get(f"{base}/v1/models", timeout=5).json()["data"][0]["id"]
+            return Target(base, "openai", model)
+        except (httpx.HTTPError, KeyError, ValueError):
+            time.sleep(0.5)
+    raise RuntimeError(f"the OpenAI front at {base} never answered /v1/models")
+
+
 def soak(a) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="soak-")) / "run"
+    openai_port = free_port() if a.api == "openai" else 0
     sp = ServeProcess(run_dir, "--kv-cache-gb", str(a.kv_cache_gb),
-                      "--max-queued-requests", str(a.max_queued), "--drain-timeout-s", "10")  # fmt: skip
+                      "--max-queued-requests", str(a.max_queued), "--drain-timeout-s", "10",
+                      "--openai-port", str(openai_port))  # fmt: skip
     sp.start()
     report: dict = {"args": vars(a), "startup_s": sp.wait_ready()}
     try:
-        base = f"http://{sp.http_url}"
+        target = make_target(sp, a.api, openai_port)
         cap = (
             0.0
             if a.rate
-            else asyncio.run(capacity(base, a.capacity_s, a.capacity_concurrency, a.seed + 1))
+            else asyncio.run(capacity(target, a.capacity_s, a.capacity_concurrency, a.seed + 1))
         )
         rate = a.rate or a.rate_mult * cap
         report.update(capacity_rps=cap, rate_rps=rate)
@@ -201,7 +216,7 @@ def soak(a) -> dict:
             rss.update(warm=rss_by_process(sp))
             private.update(warm=rss_by_process(sp, private=True))
 
-        outs = asyncio.run(load(sp, a, rate, warm_cb, fault_cb, timeline))
+        outs = asyncio.run(load(sp, target, a, rate, warm_cb, fault_cb, timeline))
         rss["end"], private["end"] = rss_by_process(sp), rss_by_process(sp, private=True)
         report["rss_growth_pct"] = rss_growth(rss)
         report["private_rss_growth_pct"] = rss_growth(private)
@@ -247,6 +262,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-queued", type=int, default=16, help="--max-queued-requests of the server")
     p.add_argument("--kv-cache-gb", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--api", choices=("v2", "openai"), default="v2",
+                   help="v2: generate_stream via the HTTP front; openai: /v1/completions (gRPC)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
 

@@ -60,6 +60,7 @@ async def sse_lines(resp: httpx.Response):
 
 
 async def read_events(resp: httpx.Response, out: Outcome) -> None:
+    """Triton generate_stream events: text deltas, the last with a finish reason."""
     async for line in sse_lines(resp):
         if not line.startswith("data: "):
             continue
@@ -78,21 +79,66 @@ async def read_events(resp: httpx.Response, out: Outcome) -> None:
             return
 
 
+async def read_openai_events(resp: httpx.Response, out: Outcome) -> None:
+    """OpenAI completion chunks: `choices[0].finish_reason` on the last, then `[DONE]`."""
+    async for line in sse_lines(resp):
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        out.last_event = line[6:206]
+        try:
+            event = json.loads(line[6:])
+        except json.JSONDecodeError:
+            out.cause = "malformed event: " + line[:80]
+            return
+        if "error" in event:
+            error = event["error"]
+            out.kind = ERRORED
+            out.cause = error_cause(error.get("message", "") if isinstance(error, dict) else error)
+            return
+        choice = (event.get("choices") or [{}])[0]
+        out.tokens += 1
+        if choice.get("finish_reason"):
+            out.kind = FINISHED
+            return
+
+
+@dataclass(slots=True, frozen=True)
+class Target:
+    """Where the soak sends: Triton's v2 generate_stream on the public port, or the OpenAI
+    front's /v1/completions (which reaches Triton over gRPC)."""
+
+    base: str
+    api: str = "v2"  # or "openai"
+    model: str = ""  # the OpenAI front's served name
+
+    def request(self, payload: dict) -> tuple[str, dict]:
+        if self.api == "v2":
+            return f"{self.base}/v2/models/bucketserve_bls/generate_stream", {
+                **payload,
+                "stream": True,
+            }
+        body = {"model": self.model, "prompt": payload["text_input"], "stream": True}
+        body.update({k: payload[k] for k in ("max_tokens", "seed", "min_tokens") if k in payload})
+        return f"{self.base}/v1/completions", body
+
+
 async def run_one(
-    client: httpx.AsyncClient, base: str, payload: dict, deadline_s: float, cancel_after_s: float
-) -> Outcome:
+    client: httpx.AsyncClient, target: Target, payload: dict, deadline_s: float,
+    cancel_after_s: float,
+) -> Outcome:  # fmt: skip
     """Send, read to the end; close early after cancel_after_s (> 0) like a client that left."""
     out = Outcome(LOST, start_s=time.monotonic(), max_tokens=payload.get("max_tokens", 0))
-    url = f"{base}/v2/models/bucketserve_bls/generate_stream"
+    url, body = target.request(payload)
+    reader = read_events if target.api == "v2" else read_openai_events
     limit = cancel_after_s if cancel_after_s > 0 else deadline_s
     try:
         async with asyncio.timeout(limit):
-            async with client.stream("POST", url, json={**payload, "stream": True}) as resp:
+            async with client.stream("POST", url, json=body) as resp:
                 if resp.status_code != 200:
-                    body = (await resp.aread()).decode("utf-8", "replace")
-                    out.kind, out.cause = ERRORED, error_cause(body)
+                    text = (await resp.aread()).decode("utf-8", "replace")
+                    out.kind, out.cause = ERRORED, error_cause(text)
                 else:
-                    await read_events(resp, out)
+                    await reader(resp, out)
     except TimeoutError:
         out.kind = CANCELLED if cancel_after_s > 0 else HUNG
     except httpx.HTTPError as e:
