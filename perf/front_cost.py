@@ -44,7 +44,12 @@ async def one_round(base: str, a, rng: random.Random) -> tuple[list[float], list
 
         async def one(i: int) -> None:
             words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(20))
-            p = {"text_input": f"{i} {words}", "max_tokens": a.tokens, "min_tokens": a.tokens}
+            p = {
+                "text_input": f"{i} {words}",
+                "max_tokens": a.tokens,
+                "min_tokens": a.tokens,
+                "stream": True,
+            }  # one event per token batch, not one answer at the end
             async with sem:
                 try:
                     t, g = await asyncio.wait_for(stream(client, url, p), a.timeout_s)

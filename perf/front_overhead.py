@@ -26,8 +26,9 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 n, interval = int(sys.argv[2]), float(sys.argv[3])
 async def events():
-    for i in range(n):
-        yield f'data: {{"t": {time.time()!r}}}\\n\\n'.encode()
+    for i in range(n):  # the last one carries a finish reason, as Triton's does
+        reason = "length" if i == n - 1 else ""
+        yield f'data: {{"t": {time.time()!r}, "finish_reason": "{reason}"}}\\n\\n'.encode()
         await asyncio.sleep(interval)
 async def stream(request):
     await request.body()
