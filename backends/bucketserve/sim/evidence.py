@@ -84,10 +84,10 @@ SYSTEMS = (
     System("bucketserve+ chunked", "bucketserve+", {"topology": "chunked"}),
     System("bullet (SM-shared)", "bullet"),
     System("scls (slices of 128)", "scls"),
-    # padded prefill (the paper's premise), Mixed
-    System("fcfs-pad 2P2D (padded)", "fcfs-pad", PD | {"padded_prefill": True}, {}, MIXED, "padded"),
-    System("distserve 2P2D (padded)", "distserve", PD | {"padded_prefill": True}, {}, MIXED, "padded"),
-    System("bucketserve 2P2D (padded)", "bucketserve", PD | {"padded_prefill": True}, {}, MIXED, "padded"),
+    # padded prefill (the paper's premise), both workloads
+    System("fcfs-pad 2P2D (padded)", "fcfs-pad", PD | {"padded_prefill": True}, group="padded"),
+    System("distserve 2P2D (padded)", "distserve", PD | {"padded_prefill": True}, group="padded"),
+    System("bucketserve 2P2D (padded)", "bucketserve", PD | {"padded_prefill": True}, group="padded"),
     # one mechanism at a time, Mixed
     System("bucketserve, no task types", "bucketserve", PD, {"bucket_by_task_type": False}, MIXED, "ablation"),
     System("bucketserve+, one bucket", "bucketserve+", PD, {"max_buckets": 1}, MIXED, "ablation"),
