@@ -59,28 +59,22 @@ async def sse_lines(resp: httpx.Response):
         yield buf.decode("utf-8", "replace")
 
 
-async def read_events(resp: httpx.Response, out: Outcome) -> None:
-    """Triton generate_stream events: text deltas, the last with a finish reason."""
-    async for line in sse_lines(resp):
-        if not line.startswith("data: "):
-            continue
-        out.last_event = line[6:206]
-        try:
-            event = json.loads(line[6:])
-        except json.JSONDecodeError:
-            out.cause = "malformed event: " + line[:80]  # stays LOST: a stream cut mid-event
-            return
-        if "error" in event:
-            out.kind, out.cause = ERRORED, error_cause(event["error"])
-            return
-        out.tokens += 1
-        if event.get("finish_reason"):
-            out.kind = FINISHED
-            return
+def v2_event(event: dict) -> tuple[str | None, bool]:
+    """(error message or None, finished) of one Triton generate_stream event."""
+    return event.get("error"), bool(event.get("finish_reason"))
 
 
-async def read_openai_events(resp: httpx.Response, out: Outcome) -> None:
-    """OpenAI completion chunks: `choices[0].finish_reason` on the last, then `[DONE]`."""
+def openai_event(event: dict) -> tuple[str | None, bool]:
+    """The same for an OpenAI completion chunk (`choices[0].finish_reason` on the last)."""
+    error = event.get("error")
+    if isinstance(error, dict):
+        error = error.get("message", "")
+    return error, bool((event.get("choices") or [{}])[0].get("finish_reason"))
+
+
+async def read_events(resp: httpx.Response, out: Outcome, interpret=v2_event) -> None:
+    """Count the events of one stream until its last one (a finish reason) or an error;
+    `interpret` reads one event (v2_event, openai_event). OpenAI's `[DONE]` is skipped."""
     async for line in sse_lines(resp):
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
@@ -88,16 +82,14 @@ async def read_openai_events(resp: httpx.Response, out: Outcome) -> None:
         try:
             event = json.loads(line[6:])
         except json.JSONDecodeError:
-            out.cause = "malformed event: " + line[:80]
+            out.cause = "malformed event: " + line[:80]  # stays LOST: a stream cut mid-event
             return
-        if "error" in event:
-            error = event["error"]
-            out.kind = ERRORED
-            out.cause = error_cause(error.get("message", "") if isinstance(error, dict) else error)
+        error, finished = interpret(event)
+        if error is not None:
+            out.kind, out.cause = ERRORED, error_cause(error)
             return
-        choice = (event.get("choices") or [{}])[0]
         out.tokens += 1
-        if choice.get("finish_reason"):
+        if finished:
             out.kind = FINISHED
             return
 
@@ -129,7 +121,7 @@ async def run_one(
     """Send, read to the end; close early after cancel_after_s (> 0) like a client that left."""
     out = Outcome(LOST, start_s=time.monotonic(), max_tokens=payload.get("max_tokens", 0))
     url, body = target.request(payload)
-    reader = read_events if target.api == "v2" else read_openai_events
+    interpret = v2_event if target.api == "v2" else openai_event
     limit = cancel_after_s if cancel_after_s > 0 else deadline_s
     try:
         async with asyncio.timeout(limit):
@@ -138,7 +130,7 @@ async def run_one(
                     text = (await resp.aread()).decode("utf-8", "replace")
                     out.kind, out.cause = ERRORED, error_cause(text)
                 else:
-                    await reader(resp, out)
+                    await read_events(resp, out, interpret)
     except TimeoutError:
         out.kind = CANCELLED if cancel_after_s > 0 else HUNG
     except httpx.HTTPError as e:

@@ -43,10 +43,6 @@ class LockedMetric:
         with _LOCK:
             self.metric.observe(value)
 
-    def value(self) -> float:
-        with _LOCK:
-            return self.metric.value()
-
 
 def family(name: str, description: str, kind):
     full = f"bucketserve_{name}"

@@ -41,15 +41,15 @@ def json_input(request, name: str) -> str:
 
 
 class TritonLogHandler(logging.Handler):
-    """Python `logging` records of the Triton-free modules, into the server log at their level."""
+    """Warnings and errors of the Triton-free modules, into the server log at their level."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.ERROR:
-            pb_utils.Logger.log_error(self.format(record))
-        elif record.levelno >= logging.WARNING:
-            pb_utils.Logger.log_warn(self.format(record))
-        else:
-            pb_utils.Logger.log_info(self.format(record))
+        log = (
+            pb_utils.Logger.log_error
+            if record.levelno >= logging.ERROR
+            else pb_utils.Logger.log_warn
+        )
+        log(self.format(record))
 
 
 def route_logging(*names: str) -> None:

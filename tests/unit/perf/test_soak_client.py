@@ -11,8 +11,8 @@ from soak_client import (
     LOST,
     Outcome,
     Target,
+    openai_event,
     read_events,
-    read_openai_events,
     sse_lines,
 )
 
@@ -46,16 +46,17 @@ def test_openai_chunks_end_on_a_finish_reason_and_errors_keep_their_cause():
     chunk = 'data: {"choices": [{"text": "%s", "finish_reason": %s}]}\n\n'
     body = chunk % ("a", "null") + chunk % ("b", '"length"') + "data: [DONE]\n\n"
     out = Outcome(LOST)
-    _read(body.encode(), lambda r: read_openai_events(r, out))
+    _read(body.encode(), lambda r: read_events(r, out, openai_event))
     assert out.kind == FINISHED and out.tokens == 2
     cut = Outcome(LOST)  # no finish reason before the end: lost
     _read(
-        (chunk % ("a", "null") + "data: [DONE]\n\n").encode(), lambda r: read_openai_events(r, cut)
+        (chunk % ("a", "null") + "data: [DONE]\n\n").encode(),
+        lambda r: read_events(r, cut, openai_event),
     )
     assert cut.kind == LOST and cut.tokens == 1
     err = Outcome(LOST)
     body = 'data: {"error": {"message": "server busy: 16 waiting", "type": "x"}}\n\n'
-    _read(body.encode(), lambda r: read_openai_events(r, err))
+    _read(body.encode(), lambda r: read_events(r, err, openai_event))
     assert err.kind == ERRORED and err.cause == "busy"
 
 

@@ -153,9 +153,8 @@ class Front:
                     yield chunk
                     continue
                 whole, sep, tail = (tail + chunk).rpartition(b"\n\n")
-                if sep:
-                    batch = whole.split(b"\n\n")
-                    last, events = batch[-1], events + len(batch)
+                if sep:  # per event batch: keep the last event, count them (no split)
+                    last, events = whole.rpartition(b"\n\n")[2], events + whole.count(b"\n\n") + 1
                     yield whole + sep
             if tail.strip():
                 raise httpx.RemoteProtocolError("stream ended inside an event")
