@@ -7,13 +7,43 @@ import socket
 import psutil
 import pytest
 from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.front.app import Front
+from bucketserve.serving.front.health import READY, Health
+from bucketserve.serving.front.metrics import FrontMetrics
+from bucketserve.serving.front.server import FrontServer
 from bucketserve.serving.launcher import TritonServer
+from bucketserve.serving.service import grpc_target
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class Fronted:
+    """A TritonServer reached as `bucketserve serve` users reach it: HTTP through the front
+    (serving/front: guarded Triton HTTP API, generate over gRPC); all else is the server's."""
+
+    def __init__(self, server: TritonServer) -> None:
+        self.server = server
+        health = Health()
+        health.set(READY, upstream=f"http://{server.http_url}")
+        front = Front(health, FrontMetrics(), server.cfg.max_request_bytes, grpc_target(server.cfg))
+        self.port = free_port()
+        self.web = FrontServer(front, "127.0.0.1", self.port)
+        self.web.start()
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __getattr__(self, name: str):
+        return getattr(self.server, name)
+
+    def stop(self) -> None:
+        self.web.stop()
+        self.server.stop()
 
 
 def server_state(server: TritonServer) -> str:
@@ -42,11 +72,12 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.when == "call" and report.failed:
         for name, value in getattr(item, "funcargs", {}).items():
+            value = value.server if isinstance(value, Fronted) else value
             if isinstance(value, TritonServer):
                 report.sections.append((f"server state ({name})", server_state(value)))
 
 
-def start_server(tmp_path_factory, **overrides) -> TritonServer:
+def start_server(tmp_path_factory, **overrides) -> Fronted:
     run_dir = tmp_path_factory.mktemp("run")
     cfg = ServeConfig(
         http_port=free_port(),
@@ -60,10 +91,10 @@ def start_server(tmp_path_factory, **overrides) -> TritonServer:
     server.start()
     try:
         server.wait_ready(timeout_s=600)
+        return Fronted(server)
     except BaseException:
         server.stop()
         raise
-    return server
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,12 @@ def openai_url(cfg: ServeConfig) -> str:
     return f"http://{cfg.host}:{cfg.openai_port}/v1" if cfg.openai_port else "off (--openai-port 0)"
 
 
+def grpc_target(cfg: ServeConfig) -> str:
+    """Where the front reaches Triton's gRPC port (a wildcard address means this host)."""
+    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+    return f"{host}:{cfg.grpc_port}"
+
+
 def banner(cfg: ServeConfig, log_path) -> str:
     base = f"http://{cfg.host}:{cfg.http_port}"
     return (
@@ -45,7 +51,7 @@ def serve(cfg: ServeConfig, log: Callable[[str], None] = print) -> int:
     if swept:
         log(f"removed {len(swept)} shared-memory segment(s) no live process uses: {swept[:4]} ...")
     health, metrics = Health(), FrontMetrics()
-    front = Front(health, metrics, cfg.max_request_bytes)
+    front = Front(health, metrics, cfg.max_request_bytes, grpc_target(cfg))
     web = FrontServer(front, cfg.host, cfg.http_port)
     sup = Supervisor(cfg, health, metrics, log)
     for sig in (signal.SIGTERM, signal.SIGINT):  # docker stop, kill, Ctrl-C: the same drain

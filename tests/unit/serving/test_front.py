@@ -1,11 +1,10 @@
-"""The HTTP front against a real upstream HTTP server (a tiny Starlette app under uvicorn)."""
+"""The HTTP front against real upstreams: an HTTP server (a tiny Starlette app under uvicorn) for
+Triton's HTTP API, and a gRPC server speaking Triton's protocol for generate."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
-import threading
 import time
 
 import pytest
@@ -16,8 +15,10 @@ from bucketserve.serving.front.metrics import FrontMetrics
 from bucketserve.serving.front.server import FrontServer
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from tests.unit.serving.grpc_upstream import GrpcUpstream
 
 LIMIT = 64 * 1024
 
@@ -29,11 +30,10 @@ def free_port() -> int:
 
 
 class Upstream:
-    """Stands in for Triton's HTTP endpoint: echoes, streams, answers busy, or dies mid-stream."""
+    """Stands in for Triton's HTTP endpoint: echoes the body's length or answers busy."""
 
     def __init__(self) -> None:
         self.seen: list[dict] = []
-        self.release = threading.Event()
         app = Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST"])])
         self.port = free_port()
         self.web = FrontServer(type("F", (), {"app": app})(), "127.0.0.1", self.port)
@@ -44,81 +44,76 @@ class Upstream:
                           "len": len(body)})  # fmt: skip
         if request.url.path.endswith("/busy"):
             return JSONResponse({"error": "server busy: 4 requests are already waiting"}, 400)
-        if request.url.path.endswith("/short/generate_stream"):  # closed early, cleanly
-            return StreamingResponse(self.short_events(False), media_type="text/event-stream")
-        if request.url.path.endswith("/whole/generate_stream"):
-            return StreamingResponse(self.short_events(True), media_type="text/event-stream")
-        if request.url.path.endswith("/cut/generate_stream"):
-            return StreamingResponse(self.cut_events(), media_type="text/event-stream")
-        if request.url.path.endswith("/generate_stream"):
-            return StreamingResponse(self.events(), media_type="text/event-stream")
         return JSONResponse({"len": len(body)})
-
-    async def events(self):
-        for i in range(3):
-            yield f'data: {{"text_output": "t{i}"}}\n\n'.encode()
-            await asyncio.sleep(0.05)
-        while not self.release.is_set():  # then hang until the test kills the upstream
-            await asyncio.sleep(0.02)
-        yield b'data: {"text_output": "end"}\n\n'
-
-    async def short_events(self, finish: bool):
-        yield b'data: {"text_output": "a", "finish_reason": ""}\n\n'
-        last = "length" if finish else ""
-        yield f'data: {{"text_output": "b", "finish_reason": "{last}"}}\n\n'.encode()
-
-    async def cut_events(self):
-        """One event split across two writes, then half an event, then silence until killed."""
-        yield b'data: {"text_out'
-        await asyncio.sleep(0.05)
-        yield b'put": "t0"}\n\ndata: {"text_output": "par'
-        while not self.release.is_set():
-            await asyncio.sleep(0.02)
 
 
 @pytest.fixture
 def setup():
-    up = Upstream()
+    up, grpc_up = Upstream(), GrpcUpstream()
     up.web.start()
+    grpc_up.start()
     health, metrics = Health(), FrontMetrics()
     health.set(READY, upstream=f"http://127.0.0.1:{up.port}")
-    front = Front(health, metrics, LIMIT)
+    front = Front(health, metrics, LIMIT, grpc_up.target)
     port = free_port()
     web = FrontServer(front, "127.0.0.1", port)
     web.start()
-    yield f"http://127.0.0.1:{port}", up, health, front
-    up.release.set()
+    yield f"http://127.0.0.1:{port}", up, grpc_up, health, front
     web.stop()
+    grpc_up.stop()
     up.web.stop()
 
 
 def test_body_over_limit_is_413_before_upstream(setup):
-    base, up, _, _ = setup
+    base, up, grpc_up, _, _ = setup
     r = requests.post(f"{base}/v2/models/m/generate", data=b"x" * (LIMIT + 1))
     assert r.status_code == 413
     assert "max_request_bytes=65536" in r.json()["error"]
     chunks = (b"x" * 4096 for _ in range(LIMIT // 4096 + 2))  # chunked: no declared length
     assert requests.post(f"{base}/v2/models/m/generate", data=chunks).status_code == 413
-    assert up.seen == []
+    assert requests.post(f"{base}/v2/models/m/infer", data=b"x" * (LIMIT + 1)).status_code == 413
+    assert up.seen == [] and grpc_up.seen == []
     exact = b'{"text_input": "' + b"x" * (LIMIT - 18) + b'"}'  # exactly LIMIT bytes of JSON
     ok = requests.post(f"{base}/v2/models/m/generate", data=exact)
-    assert ok.status_code == 200 and ok.json() == {"len": LIMIT}
+    assert ok.status_code == 200, ok.text
+    assert ok.json() == {"model_name": "m", "model_version": "1",
+                         "text_output": str(LIMIT - 18), "finish_reason": "stop"}  # fmt: skip
 
 
-def test_form_body_reaches_triton_as_json(setup):
-    base, up, _, _ = setup
+def test_form_body_is_read_as_json(setup):
+    base, up, grpc_up, _, _ = setup
     body = json.dumps({"text_input": "hi"})
-    r = requests.post(
-        f"{base}/v2/models/m/generate",
-        data=body,
-        headers={"Content-Type": "application/x-www-form-urlencoded"},
-    )
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    r = requests.post(f"{base}/v2/models/m/infer", data=body, headers=form)
     assert r.status_code == 200
     assert up.seen[-1]["ctype"] == "application/json"
+    r = requests.post(f"{base}/v2/models/m/generate", data=body, headers=form)
+    assert r.status_code == 200 and r.json()["text_output"] == "2"
+
+
+def test_generate_maps_json_to_typed_tensors_and_names_bad_fields(setup):
+    base, _, grpc_up, _, _ = setup
+    r = requests.post(f"{base}/v2/models/m/versions/1/generate",
+                      json={"text_input": "hey", "parameters": {"max_tokens": 5}, "tag": "x"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    sent = grpc_up.seen[-1]
+    assert sent.model_version == "1"
+    assert [(t.name, t.datatype, list(t.shape)) for t in sent.inputs] == [
+        ("text_input", "BYTES", [1]), ("max_tokens", "INT32", [1])]  # fmt: skip
+    assert sent.parameters["tag"].string_param == "x"
+    assert sent.parameters["triton_enable_empty_final_response"].bool_param
+    r = requests.post(f"{base}/v2/models/m/generate", json={"text_input": "a", "max_tokens": "5"})
+    assert r.status_code == 400 and "'max_tokens' must be an integer" in r.json()["error"]
+    r = requests.post(f"{base}/v2/models/nope/generate", json={"text_input": "a"})
+    assert r.status_code == 400 and "unknown model" in r.json()["error"]
+    r = requests.post(f"{base}/v2/models/two/generate", json={"text_input": "a"})
+    assert r.status_code == 400 and "exactly 1 response" in r.json()["error"]
+    events = sse_events(f"{base}/v2/models/two/generate_stream")
+    assert [e["text_output"] for e in events] == ["a", "b"]  # the flag alone sends no event
 
 
 def test_not_ready_while_degraded(setup):
-    base, up, health, _ = setup
+    base, up, _, health, _ = setup
     assert requests.get(f"{base}/v2/health/ready").status_code == 200
     health.set(DEGRADED, "stub process decode_0_0 (pid 1) died; the server is restarting")
     r = requests.get(f"{base}/v2/health/ready")
@@ -129,15 +124,21 @@ def test_not_ready_while_degraded(setup):
 
 
 def test_busy_error_maps_to_503(setup):
-    base, _, _, _ = setup
+    base, _, _, _, front = setup
     r = requests.post(f"{base}/v2/models/m/busy", json={})
     assert r.status_code == 503 and "server busy" in r.json()["error"]
+    for path in ("generate", "generate_stream"):
+        r = requests.post(f"{base}/v2/models/busy/{path}", json={"text_input": "a"})
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+        assert "server busy" in r.json()["error"]
+    assert front.inflight == 0
 
 
 def test_stream_relays_and_ends_with_the_cause_when_upstream_dies(setup):
-    base, up, health, front = setup
+    base, _, grpc_up, health, front = setup
     events, t_dead = [], None
-    with requests.post(f"{base}/v2/models/m/generate_stream", json={}, stream=True) as r:
+    with requests.post(f"{base}/v2/models/stream/generate_stream", json={}, stream=True) as r:
+        assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
         for line in r.iter_lines():
             if not line.startswith(b"data: "):
                 continue
@@ -145,29 +146,21 @@ def test_stream_relays_and_ends_with_the_cause_when_upstream_dies(setup):
             if len(events) == 3:  # the supervisor's order: degraded with a cause, then kill
                 health.set(DEGRADED, "stub process decode_0_0 (pid 7) died")
                 t_dead = time.monotonic()
-                up.web.server.force_exit = True
-                up.web.stop()
+                grpc_up.stop()
     assert [e.get("text_output") for e in events[:3]] == ["t0", "t1", "t2"]
-    assert "decode_0_0" in events[-1]["error"]
+    assert "decode_0_0" in events[-1]["error"] and len(events) == 4
     assert time.monotonic() - t_dead < 5
-    assert front.inflight == 0
+    assert front.inflight == 0 and front.metrics.broken._value.get() == 1
 
 
-def test_stream_cut_inside_an_event_never_reaches_the_client_half_written(setup):
-    base, up, health, front = setup
-    lines = []
-    with requests.post(f"{base}/v2/models/cut/generate_stream", json={}, stream=True) as r:
-        for line in r.iter_lines():
-            if not line.startswith(b"data: "):
-                continue
-            lines.append(line)
-            if len(lines) == 1:
-                health.set(DEGRADED, "stub process decode_0_0 (pid 7) died")
-                up.web.server.force_exit = True
-                up.web.stop()
-    events = [json.loads(line[6:]) for line in lines]  # every line is a whole JSON event
-    assert events[0] == {"text_output": "t0"}
-    assert "decode_0_0" in events[-1]["error"] and len(events) == 2
+def test_client_going_away_cancels_the_upstream_stream(setup):
+    base, _, grpc_up, _, front = setup
+    with requests.post(f"{base}/v2/models/stream/generate_stream", json={}, stream=True) as r:
+        next(r.iter_lines())  # the first event arrived; now hang up
+    assert grpc_up.cancelled.wait(5), "the front kept the gRPC call open"
+    deadline = time.monotonic() + 5
+    while front.inflight and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert front.inflight == 0
 
 
@@ -176,10 +169,10 @@ def sse_events(url: str) -> list[dict]:
         return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: ")]
 
 
-def test_stream_closed_without_a_last_event_ends_in_an_error_and_is_counted(setup):
-    """Triton closing a stream cleanly before its finish reason must not pass for a whole
-    answer (seen in soaks, issue 13): the client gets an error event after the last text."""
-    base, _, _, front = setup
+def test_stream_closed_without_the_final_flag_ends_in_an_error_and_is_counted(setup):
+    """A stream that ends before its FINAL flag must not pass for a whole answer (Triton's HTTP
+    generate_stream did this in soaks, issue 13): the client gets an error event after the text."""
+    base, _, _, _, front = setup
     events = sse_events(f"{base}/v2/models/short/generate_stream")
     assert [e.get("text_output") for e in events[:2]] == ["a", "b"]
     assert events[-1] == {"error": "stream ended without a final response (issue 13)"}

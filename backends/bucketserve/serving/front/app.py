@@ -1,62 +1,48 @@
-"""The public HTTP port: a streaming reverse proxy to Triton's internal HTTP endpoint.
+"""The public HTTP port: Triton's HTTP API, guarded, with generate served over gRPC.
 
-It exists because Triton 2.51's HTTP front end crashes on some bodies (DESIGN fact 11): every
-body is read here first, bounded by `max_request_bytes`, and checked (front/guard.py) before one
-byte reaches Triton. It also answers readiness from the supervisor (not-ready while degraded or
-draining) and ends in-flight streams with an error that names why the server went away.
+It exists because Triton 2.51's HTTP front end crashes on some bodies (DESIGN fact 11) and cuts
+some generate_stream streams under load (issue 13): every body is read here first, bounded by
+`max_request_bytes`, and checked (front/guard.py) before one byte reaches Triton; `generate` and
+`generate_stream` go to Triton's gRPC streaming API (front/generate.py), everything else to its
+internal HTTP endpoint. It also answers readiness from the supervisor (not-ready while degraded
+or draining) and ends in-flight requests with an error that names why the server went away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import logging
-import time
+import re
 
 import anyio
 import httpx
+from bucketserve.serving.front.generate import BUSY_MARK, GenerateRelay, error
 from bucketserve.serving.front.guard import BodyTooLarge, check_request, forward_headers
 from bucketserve.serving.front.health import Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 CAUSE_WAIT_S = 1.0  # a reset may reach us before the supervisor has noticed the crash
-BUSY_MARK = "server busy"
 INLINE_CHECK_BYTES = 64 * 1024
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
-CUT_MESSAGE = "stream ended without a final response (issue 13)"
-
-log = logging.getLogger(__name__)
-
-
-def is_last_event(event: bytes) -> bool:
-    """Whether an SSE event (`data: {...}`) ends a generation: a finish reason or an error."""
-    try:
-        body = json.loads(event.strip().removeprefix(b"data:"))
-    except ValueError:
-        return False
-    return isinstance(body, dict) and bool(body.get("finish_reason") or body.get("error"))
-
-
-def error(status: int, message: str, retry: bool = False) -> JSONResponse:
-    """Triton's own error body shape, so clients parse ours the same way."""
-    headers = {"Retry-After": "1"} if retry else None
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+GENERATE = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/(generate|generate_stream)")
 
 
 class Front:
     """Routes, the upstream client and the in-flight count the shutdown drain waits on."""
 
-    def __init__(self, health: Health, metrics: FrontMetrics, max_request_bytes: int) -> None:
+    def __init__(
+        self, health: Health, metrics: FrontMetrics, max_request_bytes: int, grpc_target: str
+    ) -> None:
         self.health = health
         self.metrics = metrics
         self.max_request_bytes = max_request_bytes
-        self.inflight = 0
+        self.proxied = 0  # requests relayed over HTTP now
         self.client: httpx.AsyncClient | None = None
+        self.generate = GenerateRelay(grpc_target, health, metrics, self.cause)
         self.app = Starlette(
             routes=[
                 Route("/v2/health/ready", self.ready, methods=["GET"]),
@@ -72,7 +58,16 @@ class Front:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         timeout = httpx.Timeout(None, connect=5.0)  # generation may take as long as it takes
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as self.client:
-            yield
+            await self.generate.open()
+            try:
+                yield
+            finally:
+                await self.generate.close()
+
+    @property
+    def inflight(self) -> int:
+        """Requests being answered now, over either path (the shutdown drain waits on them)."""
+        return self.proxied + self.generate.inflight
 
     async def ready(self, request: Request) -> Response:
         if not self.health.is_ready:
@@ -104,6 +99,10 @@ class Front:
         if problem is not None:
             self.metrics.rejected.labels(problem.reason).inc()
             return error(problem.status, problem.message)
+        found = GENERATE.fullmatch(request.url.path)
+        if found and request.method == "POST":
+            model, version, kind = found.groups()
+            return await self.generate.handle(model, version or "", body, kind == "generate_stream")
         return await self.relay(request, body)
 
     async def relay(self, request: Request, body: bytes) -> Response:
@@ -115,15 +114,15 @@ class Front:
             headers=forward_headers(request.headers),
             content=body,
         )
-        self.inflight += 1
+        self.proxied += 1
         try:
             resp = await self.client.send(up, stream=True)
         except httpx.TransportError as e:
-            self.inflight -= 1
+            self.proxied -= 1
             self.metrics.broken.inc()
             return error(503, f"server went away: {await self.cause(e)}; retry", retry=True)
         headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
-        if resp.status_code >= 400 and "event-stream" not in resp.headers.get("content-type", ""):
+        if resp.status_code >= 400:
             return await self.finish_error(resp, headers)
         return StreamingResponse(self.stream(resp), resp.status_code, headers=headers)
 
@@ -136,7 +135,7 @@ class Front:
             return error(503, f"server went away: {await self.cause(e)}; retry", retry=True)
         finally:
             await resp.aclose()
-            self.inflight -= 1
+            self.proxied -= 1
         if BUSY_MARK in content.decode("utf-8", "replace"):
             self.metrics.rejected.labels("busy").inc()
             headers.pop("content-length", None)
@@ -144,35 +143,15 @@ class Front:
         return Response(content, resp.status_code, headers=headers)
 
     async def stream(self, resp: httpx.Response):
-        sse = "event-stream" in resp.headers.get("content-type", "")
-        tail = b""  # SSE: only whole events go out, so an error event never lands mid-event
-        last, events, started = b"", 0, time.monotonic()
+        """The body as it comes; a cut shows as an incomplete response, never as a hang."""
         try:
             async for chunk in resp.aiter_raw():
-                if not sse:
-                    yield chunk
-                    continue
-                whole, sep, tail = (tail + chunk).rpartition(b"\n\n")
-                if sep:  # per event batch: keep the last event, count them (no split)
-                    last, events = whole.rpartition(b"\n\n")[2], events + whole.count(b"\n\n") + 1
-                    yield whole + sep
-            if tail.strip():
-                raise httpx.RemoteProtocolError("stream ended inside an event")
-            if sse and not is_last_event(last):  # Triton closed it without a last event
-                self.metrics.cut.inc()
-                log.warning(
-                    "%s: %s after %d events, %.1f s; last event: %.200s",
-                    CUT_MESSAGE, resp.request.url.path, events, time.monotonic() - started, last,
-                )  # fmt: skip
-                yield f"data: {json.dumps({'error': CUT_MESSAGE})}\n\n".encode()
-        except httpx.TransportError as e:
+                yield chunk
+        except httpx.TransportError:
             self.metrics.broken.inc()
-            if not sse:
-                raise  # a truncated body: the client sees an incomplete response, never a hang
-            message = f"server went away: {await self.cause(e)}"
-            yield f"data: {json.dumps({'error': message})}\n\n".encode()
+            raise
         finally:
-            self.inflight -= 1
+            self.proxied -= 1
             with anyio.CancelScope(shield=True):
                 await resp.aclose()
 
