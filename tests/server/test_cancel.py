@@ -110,8 +110,12 @@ def test_grpc_cancel_on_bls(server):
     assert_blocks_return(server, "gRPC cancel (bucketserve_bls)")
 
 
-def test_http_disconnect_on_bls(server):
-    url = f"http://{server.http_url}/v2/models/bucketserve_bls/generate_stream"
+@pytest.mark.parametrize("model", ["bucketserve_bls", "bucketserve"])
+def test_http_disconnect(server, model):
+    """The front stops a request whose HTTP client left (a `stop` request with its id), so
+    decoding ends on the ensemble too (Triton cancels a running ensemble step only between
+    steps, DESIGN)."""
+    url = f"http://{server.http_url}/v2/models/{model}/generate_stream"
     started = threading.Barrier(N + 1, timeout=300)
     release = threading.Event()
 
@@ -138,7 +142,7 @@ def test_http_disconnect_on_bls(server):
     release.set()
     for t in threads:
         t.join()
-    assert_blocks_return(server, "HTTP disconnect (bucketserve_bls)")
+    assert_blocks_return(server, f"HTTP disconnect ({model})")
 
 
 def test_stop_request_on_ensemble(server):

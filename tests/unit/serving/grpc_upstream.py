@@ -1,38 +1,37 @@
 """A small real gRPC server speaking Triton's inference protocol, standing in for tritonserver
-behind the front: what it answers depends on the model name of the request."""
+behind the front: many requests per stream, answers carry their request's id, and what it
+answers depends on the model name."""
 
 from __future__ import annotations
 
+import queue
 import threading
 from concurrent import futures
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-INPUTS = (("text_input", "BYTES", [1]), ("max_tokens", "INT32", [1]), ("stream", "BOOL", [1]))
-MODELS = ("m", "stream", "busy", "short", "whole", "two")
+INPUTS = (("text_input", "BYTES", [1]), ("max_tokens", "INT32", [1]), ("stop", "BOOL", [1]))
+MODELS = ("m", "stream", "busy", "two")
 
 
 def text(values: list[str]) -> bytes:
     return b"".join(len(v.encode()).to_bytes(4, "little") + v.encode() for v in values)
 
 
-def response(
-    model: str, out: str, final: bool, reason: str = ""
-) -> service_pb2.ModelStreamInferResponse:
-    r = service_pb2.ModelInferResponse(model_name=model, model_version="1")
-    r.outputs.add(name="text_output", datatype="BYTES", shape=[1])
-    r.raw_output_contents.append(text([out]))
-    r.outputs.add(name="finish_reason", datatype="BYTES", shape=[1])
-    r.raw_output_contents.append(text([reason]))
+def answer(req, out: str | None, final: bool, reason: str = ""):
+    r = service_pb2.ModelInferResponse(model_name=req.model_name, model_version="1", id=req.id)
+    if out is not None:
+        for name, value in (("text_output", out), ("finish_reason", reason)):
+            r.outputs.add(name=name, datatype="BYTES", shape=[1])
+            r.raw_output_contents.append(text([value]))
     r.parameters["triton_final_response"].bool_param = final
     return service_pb2.ModelStreamInferResponse(infer_response=r)
 
 
-def final_only(model: str) -> service_pb2.ModelStreamInferResponse:
-    r = service_pb2.ModelInferResponse(model_name=model, model_version="1")
-    r.parameters["triton_final_response"].bool_param = True
-    return service_pb2.ModelStreamInferResponse(infer_response=r)
+def is_stop(req) -> bool:
+    names = [t.name for t in req.inputs]
+    return "stop" in names and req.raw_input_contents[names.index("stop")] == b"\x01"
 
 
 class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -48,35 +47,43 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
         return meta
 
     def ModelStreamInfer(self, request_iterator, context):
-        request = next(request_iterator)
-        self.up.seen.append(request)
-        m = request.model_name
-        if m == "busy":
-            yield service_pb2.ModelStreamInferResponse(
-                error_message="server busy: 4 requests are already waiting"
-            )
-            return
-        if m == "m":  # one answer: the prompt's length, as text
-            raw = request.raw_input_contents[0]
-            yield response(m, str(len(raw) - 4), final=True, reason="stop")
-            return
-        if m in ("short", "whole"):  # the stream closes; only "whole" sends the FINAL flag
-            yield response(m, "a", final=False)
-            yield response(m, "b", final=(m == "whole"), reason="length" if m == "whole" else "")
-            return
-        if m == "two":  # two responses, then the flag alone
-            yield response(m, "a", final=False)
-            yield response(m, "b", final=False, reason="length")
-            yield final_only(m)
-            return
-        finished = []  # a call ended before this is filled was cancelled by its client
-        context.add_callback(lambda: finished or self.up.cancelled.set())
-        for i in range(3):  # "stream": three tokens, then silence until released or killed
-            yield response(m, f"t{i}", final=False)
-        while not self.up.release.wait(0.02) and context.is_active():
-            pass
-        yield response(m, "end", final=True, reason="stop")
-        finished.append(True)
+        out: queue.Queue = queue.Queue()
+
+        def read() -> None:
+            try:
+                for req in request_iterator:
+                    self.up.seen.append(req)
+                    threading.Thread(target=self.serve, args=(req, out.put), daemon=True).start()
+            except grpc.RpcError:  # the client or the server closed the stream
+                pass
+            out.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        while (resp := out.get()) is not None:
+            yield resp
+
+    def serve(self, req, send) -> None:
+        m = req.model_name
+        if is_stop(req):
+            self.up.stopped.add(req.id)
+            send(answer(req, "", final=True, reason="cancelled"))
+        elif m == "busy":
+            send(service_pb2.ModelStreamInferResponse(
+                error_message="server busy: 4 requests are already waiting",
+                infer_response=service_pb2.ModelInferResponse(id=req.id)))  # fmt: skip
+        elif m == "m":  # one answer: the prompt's length, as text
+            send(answer(req, str(len(req.raw_input_contents[0]) - 4), final=True, reason="stop"))
+        elif m == "two":  # two answers, then the flag alone
+            send(answer(req, "a", final=False))
+            send(answer(req, "b", final=False, reason="length"))
+            send(answer(req, None, final=True))
+        else:  # "stream": three tokens, then nothing until stopped or released
+            for i in range(3):
+                send(answer(req, f"t{i}", final=False))
+            while not self.up.release.wait(0.02) and req.id not in self.up.stopped:
+                pass
+            reason = "cancelled" if req.id in self.up.stopped else "stop"
+            send(answer(req, "end", final=True, reason=reason))
 
 
 class GrpcUpstream:
@@ -84,8 +91,8 @@ class GrpcUpstream:
 
     def __init__(self) -> None:
         self.seen: list = []
+        self.stopped: set[str] = set()  # ids a stop request named
         self.release = threading.Event()
-        self.cancelled = threading.Event()  # a "stream" call was cancelled by its client
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Service(self), self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")

@@ -22,7 +22,7 @@ SPECS = {
 
 
 def by_name(inputs) -> dict:
-    return {t.name(): t for t in inputs}
+    return {t.name: t for t in inputs}
 
 
 def test_top_level_and_parameters_keys_become_inputs_or_parameters():
@@ -31,16 +31,16 @@ def test_top_level_and_parameters_keys_become_inputs_or_parameters():
     inputs, params = to_request(doc, SPECS)
     t = by_name(inputs)
     assert sorted(t) == ["max_tokens", "stream", "temperature", "text_input"]
-    assert t["text_input"].datatype() == "BYTES" and t["text_input"].shape() == [1]
-    assert t["max_tokens"].datatype() == "INT32" and t["temperature"].datatype() == "FP32"
+    assert t["text_input"].datatype == "BYTES" and t["text_input"].shape == (1,)
+    assert t["max_tokens"].datatype == "INT32" and t["temperature"].datatype == "FP32"
     assert params == {"user": "me", "note": 3, "f": 0.5}
 
 
 def test_shapes_follow_the_metadata_dims():
     inputs, _ = to_request({"stop_words": ["a", "b", "c"], "end_id": 2}, SPECS)
     t = by_name(inputs)
-    assert t["stop_words"].shape() == [3]
-    assert t["end_id"].shape() == [1, 1]
+    assert t["stop_words"].shape == (3,)
+    assert t["end_id"].shape == (1, 1)
     assert fit_shape(InputSpec("x", "INT32", (-1, 2)), 6) == (3, 2)
     assert fit_shape(InputSpec("x", "INT32", (-1, -1)), 4) == (1, 4)
     with pytest.raises(ValueError, match="do not fit its shape"):
@@ -76,7 +76,7 @@ def test_the_body_must_be_an_object():
 
 def test_values_reach_the_tensor_data():
     inputs, _ = to_request({"text_input": "héllo", "max_tokens": 7, "temperature": 1}, SPECS)
-    raw = {t.name(): t._get_content() for t in inputs}  # the serialized tensor bytes
+    raw = {t.name: t.raw() for t in inputs}  # the serialized tensor bytes
     assert raw["max_tokens"] == np.int32([7]).tobytes()
     assert raw["temperature"] == np.float32([1.0]).tobytes()
     assert raw["text_input"] == len("héllo".encode()).to_bytes(4, "little") + "héllo".encode()

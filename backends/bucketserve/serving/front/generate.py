@@ -4,37 +4,31 @@ Why not Triton's own HTTP generate_stream: under load, Triton 2.51 closes some o
 streams cleanly before their last event (9 in 300 s, 38 cut and 10 hung in 600 s of soak),
 while the same load over gRPC streaming to the same models cuts none (issue 13,
 docs/architecture.md). So the front speaks Triton's generate JSON itself (front/generate_json.py
-maps it exactly as Triton does) and asks Triton over gRPC. A client that goes away cancels the
-gRPC call, which `bucketserve_bls` sees as a cancellation (the ensemble only between steps).
+maps it exactly as Triton does) and asks Triton over gRPC. A client that goes away stops its
+request (grpc_mux.py: a `stop` request with its id, which reaches a running decode step on
+the ensemble and on `bucketserve_bls` alike).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from collections.abc import AsyncIterator, Callable
 
 import grpc
-import tritonclient.grpc.aio as grpcaio
-from bucketserve.serving.front.generate_json import input_specs, to_request, to_response
+from bucketserve.serving.front.generate_json import input_specs, tensor, to_request, to_response
+from bucketserve.serving.front.grpc_mux import Broken, StreamPool
 from bucketserve.serving.front.health import Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from tritonclient.utils import InferenceServerException
+from tritonclient.grpc import InferResult
 
 BUSY_MARK = "server busy"
-CUT_MESSAGE = "stream ended without a final response (issue 13)"
 SSE = "text/event-stream; charset=utf-8"
 ONE_RESPONSE = (
     "generate expects the model to produce exactly 1 response; use generate_stream for a model"
     ' that streams (or send "stream": false)'
 )
-# a request parameter Triton's gRPC front reads: send an empty last response with the FINAL flag
-FINAL_PARAMS = {"triton_enable_empty_final_response": True}
 RESERVED = ("sequence_id", "sequence_start", "sequence_end", "priority", "binary_data_output")
-
-log = logging.getLogger(__name__)
 
 
 def error(status: int, message: str, retry: bool = False) -> JSONResponse:
@@ -47,67 +41,44 @@ def event(doc: dict) -> bytes:
     return b"data: " + json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-class Upstream(Exception):
-    """Triton could not be reached or went away (the transport, not the model)."""
+def stop_inputs(specs: dict) -> list | None:
+    """A TensorRT-LLM-style stop request for a model that takes one (ours all do)."""
+    if "stop" not in specs or "text_input" not in specs:
+        return None
+    return [tensor(specs["text_input"], "stop"), tensor(specs["stop"], True)]
 
 
-class Generation:
-    """One gRPC stream: yields (response JSON, is_final) or raises Upstream / returns on cut."""
-
-    def __init__(self, client: grpcaio.InferenceServerClient, request: dict) -> None:
-        self.done = asyncio.Event()
-        self.finished = False  # the FINAL flag arrived
-        self.request = request
-        self.call = client.stream_infer(self.requests())
-
-    async def requests(self):
-        yield self.request
-        await self.done.wait()  # the stream stays open until the answer is complete
-
-    async def responses(self, model: str, version: str) -> AsyncIterator[dict]:
-        try:
-            async for result, err in self.call:
-                if err is not None:
-                    self.finished = True  # an error response ends the request (it is FINAL)
-                    yield {"error": err.message()}
-                    return
-                response = result.get_response()
-                final = response.parameters["triton_final_response"].bool_param
-                if response.outputs:
-                    yield to_response(result, model, version)
-                if final:
-                    self.finished = True
-                    return
-        except grpc.RpcError as e:
-            raise Upstream(f"{type(e).__name__}: {e.code().name}") from e
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        self.done.set()
-        self.call.cancel()  # a no-op after the FINAL flag; stops the generation otherwise
+async def documents(answers, model: str, version: str) -> AsyncIterator[dict]:
+    """Generate JSON per answer with outputs ({"error": ...} for an error answer)."""
+    try:
+        async for resp in answers:
+            if resp.error_message:
+                yield {"error": resp.error_message}
+            elif resp.infer_response.outputs:
+                yield to_response(InferResult(resp.infer_response), model, version)
+    finally:
+        await answers.aclose()  # now, not when collected: leaving early sends the stop
 
 
 class GenerateRelay:
-    """Serves the generate endpoints from Triton's gRPC port (one channel, reconnecting)."""
+    """Serves the generate endpoints from Triton's gRPC port (a few shared streams)."""
 
     def __init__(self, target: str, health: Health, metrics: FrontMetrics, cause: Callable) -> None:
-        self.target, self.health, self.metrics, self.cause = target, health, metrics, cause
-        self.client: grpcaio.InferenceServerClient | None = None
+        self.health, self.metrics, self.cause = health, metrics, cause
+        self.pool = StreamPool(target)
         self.inflight = 0  # requests being answered now (the shutdown drain waits on them)
         self.specs: dict[tuple[str, str, int], dict] = {}  # per model, version, server start
 
     async def open(self) -> None:
-        self.client = grpcaio.InferenceServerClient(self.target)
+        await self.pool.open()
 
     async def close(self) -> None:
-        if self.client is not None:
-            await self.client.close()
+        await self.pool.close()
 
     async def input_specs(self, model: str, version: str) -> dict:
         key = (model, version, self.health.restarts)  # a restarted server re-reads its models
         if key not in self.specs:
-            self.specs[key] = input_specs(await self.client.get_model_metadata(model, version))
+            self.specs[key] = input_specs(await self.pool.metadata(model, version))
         return self.specs[key]
 
     async def handle(self, model: str, version: str, body: bytes, stream: bool) -> Response:
@@ -126,10 +97,10 @@ class GenerateRelay:
         try:
             doc = json.loads(body) if body.strip() else None
             specs = await self.input_specs(model, version)
-        except InferenceServerException as e:  # unknown model, or Triton is down
-            if e.status() == "StatusCode.UNAVAILABLE":
+        except grpc.RpcError as e:  # unknown model, or Triton is down
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
                 return await self.went_away(e)
-            return error(400, e.message())
+            return error(400, e.details())
         except ValueError as e:
             return error(400, f"request body is not valid JSON: {e}")
         try:
@@ -139,18 +110,17 @@ class GenerateRelay:
                     raise ValueError(f"'{key}' is a reserved request parameter")
         except ValueError as e:
             return error(400, str(e))
-        request = {"model_name": model, "model_version": version, "inputs": inputs,
-                   "parameters": {**params, **FINAL_PARAMS}}  # fmt: skip
-        return await self.respond(Generation(self.client, request), model, version, stream)
+        answers = self.pool.generate(model, version, inputs, params, stop_inputs(specs))
+        return await self.respond(documents(answers, model, version or "1"), stream)
 
-    async def respond(self, gen: Generation, model: str, version: str, stream: bool) -> Response:
-        """Wait for the first response: it sets the status (busy -> 503, an error -> 400)."""
-        responses = gen.responses(model, version or "1")
+    async def respond(self, docs: AsyncIterator[dict], stream: bool) -> Response:
+        """Wait for the first answer: it sets the status (busy -> 503, an error -> 400)."""
         try:
-            first = await anext(responses, None)
-        except Upstream as e:
+            first = await anext(docs, None)
+        except Broken as e:
             return await self.went_away(e)
         if first is not None and "error" in first:
+            await docs.aclose()
             if BUSY_MARK in first["error"]:
                 self.metrics.rejected.labels("busy").inc()
                 return error(503, first["error"], retry=True)
@@ -158,43 +128,35 @@ class GenerateRelay:
                 return error(400, first["error"])
             return Response(event(first), 400, media_type=SSE)
         if not stream:
-            return await self.collect(first, responses, gen)
-        return StreamingResponse(self.relay(first, responses, gen), media_type=SSE)
+            return await self.collect(first, docs)
+        return StreamingResponse(self.relay(first, docs), media_type=SSE)
 
-    async def collect(self, first: dict | None, responses, gen: Generation) -> Response:
+    async def collect(self, first: dict | None, docs: AsyncIterator[dict]) -> Response:
         """generate: the one response (Triton answers the same when a model streams several)."""
-        docs = [first] if first is not None else []
+        found = [first] if first is not None else []
         try:
-            async for doc in responses:
-                docs.append(doc)
-        except Upstream as e:
+            found += [d async for d in docs]
+        except Broken as e:
             return await self.went_away(e)
-        errors = [d["error"] for d in docs if "error" in d]
+        errors = [d["error"] for d in found if "error" in d]
         if errors:
             return error(400, errors[0])
-        if not gen.finished:
-            self.metrics.cut.inc()
-            return error(502, CUT_MESSAGE)
-        if len(docs) != 1:
+        if len(found) != 1:
             return error(400, ONE_RESPONSE)
-        return JSONResponse(docs[0])
+        return JSONResponse(found[0])
 
-    async def relay(self, first: dict | None, responses, gen: Generation):
-        """generate_stream: every response as an SSE event; a lost stream ends in an error."""
+    async def relay(self, first: dict | None, docs: AsyncIterator[dict]):
+        """generate_stream: every answer as an SSE event; a lost server ends in an error."""
         try:
             if first is not None:
                 yield event(first)
-            async for doc in responses:
+            async for doc in docs:
                 yield event(doc)
-            if not gen.finished:
-                self.metrics.cut.inc()
-                log.warning("%s (gRPC stream closed before the FINAL flag)", CUT_MESSAGE)
-                yield event({"error": CUT_MESSAGE})
-        except Upstream as e:
+        except Broken as e:
             self.metrics.broken.inc()
             yield event({"error": f"server went away: {await self.cause(e)}"})
         finally:
-            gen.close()
+            await docs.aclose()  # a client that left: the request is stopped
             self.inflight -= 1
 
     async def went_away(self, exc: Exception) -> Response:

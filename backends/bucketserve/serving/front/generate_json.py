@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import serialize_byte_tensor
 
 NESTED = "parameters"  # the one nested object of the schema
 FINAL_FLAG = "triton_final_response"  # added by Triton's gRPC stream, not by the model
@@ -26,6 +27,21 @@ FLOATS = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
 
 
 @dataclass(frozen=True, slots=True)
+class Tensor:
+    """One input tensor of a request, ready to serialize."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    array: np.ndarray
+
+    def raw(self) -> bytes:
+        if self.datatype == "BYTES":  # a 0-d object array holding the serialized bytes
+            return serialize_byte_tensor(self.array).item()
+        return self.array.tobytes()
+
+
+@dataclass(frozen=True, slots=True)
 class InputSpec:
     """One model input as the model metadata declares it."""
 
@@ -34,7 +50,7 @@ class InputSpec:
     shape: tuple[int, ...]  # -1 for a variable dim (the batch dim included, if any)
 
 
-def to_request(doc, specs: dict[str, InputSpec]) -> tuple[list[InferInput], dict]:
+def to_request(doc, specs: dict[str, InputSpec]) -> tuple[list[Tensor], dict]:
     """(input tensors, request parameters) for one generate request; ValueError names the field."""
     if not isinstance(doc, dict):
         raise ValueError("the generate request must be a JSON object")
@@ -51,7 +67,7 @@ def to_request(doc, specs: dict[str, InputSpec]) -> tuple[list[InferInput], dict
 
 
 def map_key(key: str, value, specs: dict[str, InputSpec], inputs: list, params: dict) -> None:
-    if key in params or any(t.name() == key for t in inputs):
+    if key in params or any(t.name == key for t in inputs):
         raise ValueError(f"'{key}' is given twice (at the top level and in '{NESTED}')")
     if key in specs:
         inputs.append(tensor(specs[key], value))
@@ -64,15 +80,34 @@ def map_key(key: str, value, specs: dict[str, InputSpec], inputs: list, params: 
         )
 
 
-def tensor(spec: InputSpec, value) -> InferInput:
+def tensor(spec: InputSpec, value) -> Tensor:
     """One input tensor from a JSON value or a flat list of values."""
     values = value if isinstance(value, list) else [value]
     if any(isinstance(v, list | dict) for v in values):
         raise ValueError(f"'{spec.name}' must be a value or a flat list of values")
-    array = as_array(spec, values)
-    t = InferInput(spec.name, list(fit_shape(spec, len(values))), spec.datatype)
-    t.set_data_from_numpy(array.reshape(t.shape()))
-    return t
+    shape = fit_shape(spec, len(values))
+    return Tensor(spec.name, spec.datatype, shape, as_array(spec, values).reshape(shape))
+
+
+def to_proto(
+    model: str, version: str, request_id: str, inputs: list[Tensor], params: dict
+) -> service_pb2.ModelInferRequest:
+    """The gRPC request: raw tensor contents, parameters typed as Triton reads them."""
+    req = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    for t in inputs:
+        req.inputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
+        req.raw_input_contents.append(t.raw())
+    for key, value in params.items():
+        p = req.parameters[key]
+        if isinstance(value, bool):
+            p.bool_param = value
+        elif isinstance(value, int):
+            p.int64_param = value
+        elif isinstance(value, float):
+            p.double_param = value
+        else:
+            p.string_param = value
+    return req
 
 
 def fit_shape(spec: InputSpec, count: int) -> tuple[int, ...]:
@@ -119,11 +154,10 @@ def as_array(spec: InputSpec, values: list) -> np.ndarray:
 
 
 def to_response(result, model: str, version: str) -> dict:
-    """One generate response object from one gRPC InferResult with outputs."""
+    """One generate response object from one gRPC InferResult with outputs. No "id": Triton's
+    generate cannot set one (the front's own request ids are its business)."""
     response = result.get_response()
     doc: dict = {"model_name": model, "model_version": response.model_version or version}
-    if response.id:
-        doc["id"] = response.id
     for name, p in response.parameters.items():
         if name != FINAL_FLAG:
             doc[name] = getattr(p, p.WhichOneof("parameter_choice"))

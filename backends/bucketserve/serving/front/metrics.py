@@ -39,11 +39,6 @@ class FrontMetrics:
             "In-flight requests ended with an error because the server went away",
             registry=r,
         )
-        self.cut = Counter(
-            "bucketserve_front_cut_streams",
-            "Streams Triton closed without a last event (finish reason or error)",
-            registry=r,
-        )
         self.inflight = Gauge(
             "bucketserve_front_inflight_requests", "Requests being relayed now", registry=r
         )
