@@ -14,20 +14,24 @@ from bucketserve.serving.model_info import load_tokenizer, model_info
 async def serve(cfg: ServeConfig, host: str, port: int) -> None:
     import tritonclient.grpc.aio as grpcaio
 
+    from bucketserve.serving.front.grpc_mux import StreamPool
     from bucketserve.serving.openai.app import Settings, create_app
 
     client = grpcaio.InferenceServerClient(f"{cfg.host}:{cfg.grpc_port}")
+    pool = StreamPool(f"{cfg.host}:{cfg.grpc_port}")
+    await pool.open()
     settings = Settings(
         grpc_url=f"{cfg.host}:{cfg.grpc_port}",
         metrics_url=f"http://{cfg.host}:{cfg.metrics_port}/metrics",
         model=cfg.model,
         tokenizer=load_tokenizer(model_info(cfg)),
     )
-    app = create_app(settings, client)
+    app = create_app(settings, client, pool)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     try:
         await server.serve()
     finally:
+        await pool.close()
         await client.close()
 
 

@@ -31,10 +31,11 @@ class Settings:
     tokenizer: object
 
 
-def create_app(settings: Settings, client) -> FastAPI:
-    """`client`: a tritonclient.grpc.aio InferenceServerClient (created in the server's loop)."""
+def create_app(settings: Settings, client, pool) -> FastAPI:
+    """`client`: a tritonclient.grpc.aio InferenceServerClient, `pool`: an open StreamPool
+    (both created in the server's loop)."""
     app = FastAPI(title="BucketServe OpenAI-compatible API")
-    app.state.settings, app.state.client = settings, client
+    app.state.settings, app.state.client, app.state.pool = settings, client, pool
     app.add_exception_handler(OpenAIError, _openai_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.get("/v1/models")(lambda: _models(settings))
@@ -162,7 +163,7 @@ def triton_error(message: str) -> OpenAIError:
 
 
 async def _respond(request: Request, req, inputs: list, shape):
-    chunks = generate(request.app.state.client, inputs)
+    chunks = generate(request.app.state.pool, inputs)
     try:
         first = await anext(chunks)
     except TritonError as e:

@@ -1,17 +1,18 @@
-"""One generation through Triton's asyncio gRPC streaming to `bucketserve_bls` (the entry model
-that sees cancellation: closing the stream stops decoding and frees the KV blocks)."""
+"""One generation through Triton's gRPC streaming to `bucketserve_bls`, over the few long-lived
+streams of a StreamPool (front/grpc_mux.py: one stream per request leaks in Triton 2.51). A
+generation left early is stopped with a `stop` request carrying its id (frees its KV blocks)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import InferResult
+
+from bucketserve.serving.front.generate_json import Tensor
+from bucketserve.serving.front.grpc_mux import Broken, StreamPool
 
 ENTRY_MODEL = "bucketserve_bls"
 
@@ -31,13 +32,11 @@ class TritonError(Exception):
     """Triton answered the request with an error (its message names the field)."""
 
 
-def _tensor(name: str, value, dtype: str, np_dtype) -> InferInput:
-    t = InferInput(name, [1], dtype)
-    t.set_data_from_numpy(np.array([value], dtype=np_dtype))
-    return t
+def _tensor(name: str, value, dtype: str, np_dtype) -> Tensor:
+    return Tensor(name, dtype, (1,), np.array([value], dtype=np_dtype))
 
 
-def build_inputs(text: str, sampling: dict, echo: bool, logprobs: bool) -> list[InferInput]:
+def build_inputs(text: str, sampling: dict, echo: bool, logprobs: bool) -> list[Tensor]:
     """The vLLM backend's convention: [1] tensors plus `sampling_parameters` JSON."""
     return [
         _tensor("text_input", text.encode(), "BYTES", np.object_),
@@ -48,34 +47,28 @@ def build_inputs(text: str, sampling: dict, echo: bool, logprobs: bool) -> list[
     ]
 
 
-async def generate(client: grpcaio.InferenceServerClient, inputs: list) -> AsyncIterator[Chunk]:
-    """Yield a Chunk per response until the final one; leaving early cancels the request."""
-    done = asyncio.Event()
-    request = {"model_name": ENTRY_MODEL, "inputs": inputs,
-               "request_id": f"oai-{uuid.uuid4().hex}"}  # fmt: skip
+STOP = [
+    _tensor("text_input", b"stop", "BYTES", np.object_),
+    _tensor("stop", True, "BOOL", np.bool_),
+]
 
-    async def requests():
-        yield request
-        await done.wait()  # keep the stream open until the answer is complete
 
-    stream = client.stream_infer(requests())
+async def generate(pool: StreamPool, inputs: list[Tensor]) -> AsyncIterator[Chunk]:
+    """Yield a Chunk per response until the final one; leaving early stops the request."""
+    answers = pool.generate(ENTRY_MODEL, "", inputs, {}, STOP)
     try:
-        async for result, error in stream:
-            if error is not None:
-                raise TritonError(error.message() if hasattr(error, "message") else str(error))
-            chunk = _chunk(result)
-            if chunk is not None:
-                yield chunk
-            if chunk is None or chunk.finish_reason:  # the final response carries the reason
-                return
+        async for resp in answers:
+            if resp.error_message:
+                raise TritonError(resp.error_message)
+            if resp.infer_response.outputs:
+                yield _chunk(InferResult(resp.infer_response))
+    except Broken as e:
+        raise TritonError(f"server unavailable ({e}); retry") from None
     finally:
-        done.set()
-        stream.cancel()  # a no-op after the final response; stops generation otherwise
+        await answers.aclose()
 
 
-def _chunk(result) -> Chunk | None:
-    if not result.get_response().outputs:
-        return None
+def _chunk(result) -> Chunk:
     raw = result.as_numpy("logprobs")
     logprobs = json.loads(raw.reshape(-1)[0] or b"[]") if raw is not None else []
     return Chunk(
