@@ -24,29 +24,40 @@ from bucketserve.serving.serve_process import free_port
 from tritonclient.grpc import InferInput
 
 UPSTREAM = """
-import sys, time
+import queue, sys, threading, time
 from concurrent import futures
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 n, interval = int(sys.argv[2]), float(sys.argv[3])
-def response(i):
-    r = service_pb2.ModelInferResponse(model_name="m", model_version="1")
+def response(i, rid):
+    r = service_pb2.ModelInferResponse(model_name="m", model_version="1", id=rid)
     for name, value in (("text_output", repr(time.time())),
                         ("finish_reason", "length" if i == n - 1 else "")):
         r.outputs.add(name=name, datatype="BYTES", shape=[1])
         r.raw_output_contents.append(len(value).to_bytes(4, "little") + value.encode())
     r.parameters["triton_final_response"].bool_param = i == n - 1
     return service_pb2.ModelStreamInferResponse(infer_response=r)
+def generation(rid, send):
+    for i in range(n):
+        send(response(i, rid))
+        time.sleep(interval)
 class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
     def ModelMetadata(self, request, context):
         meta = service_pb2.ModelMetadataResponse(name="m", versions=["1"])
         meta.inputs.add(name="text_input", datatype="BYTES", shape=[1])
         return meta
-    def ModelStreamInfer(self, requests, context):
-        next(requests)
-        for i in range(n):
-            yield response(i)
-            time.sleep(interval)
+    def ModelStreamInfer(self, requests, context):  # many requests per stream, as Triton
+        out = queue.Queue()
+        def read():
+            try:
+                for req in requests:
+                    threading.Thread(target=generation, args=(req.id, out.put), daemon=True).start()
+            except grpc.RpcError:
+                pass
+            out.put(None)
+        threading.Thread(target=read, daemon=True).start()
+        while (resp := out.get()) is not None:
+            yield resp
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
 service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Service(), server)
 server.add_insecure_port(f"127.0.0.1:{sys.argv[1]}")

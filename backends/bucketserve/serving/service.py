@@ -62,7 +62,7 @@ def serve(cfg: ServeConfig, log: Callable[[str], None] = print) -> int:
         sup.run(on_first_ready=lambda: log(banner(cfg, cfg.run_path / "server.log")))
     finally:
         log("stopping ...")
-        sup.shutdown(lambda: front.inflight)
+        sup.shutdown(lambda: front.inflight, front.release_upstream)
         web.stop()
         release_run_dir(cfg.run_path)
     return 0

@@ -130,12 +130,17 @@ class Supervisor:
         self.health.restarts += 1
         self.metrics.restarts.labels(part).inc()
 
-    def shutdown(self, inflight: Callable[[], int]) -> None:
-        """Stop taking requests, let in-flight ones finish (bounded), stop the server."""
+    def shutdown(self, inflight: Callable[[], int], release: Callable[[], None]) -> None:
+        """Stop taking requests, let in-flight ones finish (bounded), let go of Triton's gRPC
+        streams (`release`), stop the server."""
         self.health.set(STOPPING, "server shutting down")
         deadline = time.monotonic() + self.cfg.drain_timeout_s
         while inflight() > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
+        try:
+            release()
+        except Exception as e:  # the server stops anyway; it only takes longer
+            self.log(f"supervisor: could not close the front's gRPC streams: {e!r}")
         if self.server is not None:
             # Triton itself waits --exit-timeout-secs for gRPC requests still running
             self.server.stop(timeout_s=15.0)

@@ -42,6 +42,7 @@ class Front:
         self.max_request_bytes = max_request_bytes
         self.proxied = 0  # requests relayed over HTTP now
         self.client: httpx.AsyncClient | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # uvicorn's, once it serves
         self.generate = GenerateRelay(grpc_target, health, metrics, self.cause)
         self.app = Starlette(
             routes=[
@@ -58,11 +59,19 @@ class Front:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         timeout = httpx.Timeout(None, connect=5.0)  # generation may take as long as it takes
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as self.client:
+            self.loop = asyncio.get_running_loop()
             await self.generate.open()
             try:
                 yield
             finally:
                 await self.generate.close()
+
+    def release_upstream(self, timeout_s: float = 5.0) -> None:
+        """Close the front's gRPC streams to Triton, from any thread: Triton's shutdown waits
+        for every open stream (measured: 4 s more per SIGTERM while the front held them)."""
+        if self.loop is not None and self.loop.is_running():
+            future = asyncio.run_coroutine_threadsafe(self.generate.pool.close_streams(), self.loop)
+            future.result(timeout_s)
 
     @property
     def inflight(self) -> int:

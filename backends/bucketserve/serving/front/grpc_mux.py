@@ -99,10 +99,14 @@ class StreamPool:
         self.channel = grpc.aio.insecure_channel(self.target, options=UNLIMITED)
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
 
-    async def close(self) -> None:
+    async def close_streams(self) -> None:
+        """Close every stream (requests still on them end as Broken); new ones open on demand."""
         for s in [*self.streams, self.stops]:
             if s is not None:
                 s.close()
+
+    async def close(self) -> None:
+        await self.close_streams()
         if self.channel is not None:
             await self.channel.close()
 
