@@ -43,7 +43,7 @@ class Front:
         self.proxied = 0  # requests relayed over HTTP now
         self.client: httpx.AsyncClient | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # uvicorn's, once it serves
-        self.generate = GenerateRelay(grpc_target, health, metrics, self.cause)
+        self.generate = GenerateRelay(grpc_target, health, metrics, self)
         self.app = Starlette(
             routes=[
                 Route("/v2/health/ready", self.ready, methods=["GET"]),
@@ -128,8 +128,7 @@ class Front:
             resp = await self.client.send(up, stream=True)
         except httpx.TransportError as e:
             self.proxied -= 1
-            self.metrics.broken.inc()
-            return error(503, f"server went away: {await self.cause(e)}; retry", retry=True)
+            return await self.went_away(e)
         headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
         if resp.status_code >= 400:
             return await self.finish_error(resp, headers)
@@ -140,8 +139,7 @@ class Front:
         try:
             content = await resp.aread()
         except httpx.TransportError as e:
-            self.metrics.broken.inc()
-            return error(503, f"server went away: {await self.cause(e)}; retry", retry=True)
+            return await self.went_away(e)
         finally:
             await resp.aclose()
             self.proxied -= 1
@@ -163,6 +161,11 @@ class Front:
             self.proxied -= 1
             with anyio.CancelScope(shield=True):
                 await resp.aclose()
+
+    async def went_away(self, exc: Exception) -> Response:
+        """A request Triton could not answer because it died or is gone: 503, with the cause."""
+        self.metrics.broken.inc()
+        return error(503, f"server went away: {await self.cause(exc)}; retry", retry=True)
 
     async def cause(self, exc: Exception) -> str:
         """The supervisor's account of the failure, if it has one within CAUSE_WAIT_S."""

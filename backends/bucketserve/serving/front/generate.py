@@ -12,7 +12,7 @@ the ensemble and on `bucketserve_bls` alike).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 from bucketserve.serving.front.generate_json import input_specs, tensor, to_request, to_response
@@ -63,8 +63,9 @@ async def documents(answers, model: str, version: str) -> AsyncIterator[dict]:
 class GenerateRelay:
     """Serves the generate endpoints from Triton's gRPC port (a few shared streams)."""
 
-    def __init__(self, target: str, health: Health, metrics: FrontMetrics, cause: Callable) -> None:
-        self.health, self.metrics, self.cause = health, metrics, cause
+    def __init__(self, target: str, health: Health, metrics: FrontMetrics, front) -> None:
+        self.health, self.metrics = health, metrics
+        self.front = front  # its went_away / cause: one account of a failed server for both paths
         self.pool = StreamPool(target)
         self.inflight = 0  # requests being answered now (the shutdown drain waits on them)
         self.specs: dict[tuple[str, str, int], dict] = {}  # per model, version, server start
@@ -99,7 +100,7 @@ class GenerateRelay:
             specs = await self.input_specs(model, version)
         except grpc.RpcError as e:  # unknown model, or Triton is down
             if e.code() == grpc.StatusCode.UNAVAILABLE:
-                return await self.went_away(e)
+                return await self.front.went_away(e)
             return error(400, e.details())
         except ValueError as e:
             return error(400, f"request body is not valid JSON: {e}")
@@ -118,7 +119,7 @@ class GenerateRelay:
         try:
             first = await anext(docs, None)
         except Broken as e:
-            return await self.went_away(e)
+            return await self.front.went_away(e)
         if first is not None and "error" in first:
             await docs.aclose()
             if BUSY_MARK in first["error"]:
@@ -137,7 +138,7 @@ class GenerateRelay:
         try:
             found += [d async for d in docs]
         except Broken as e:
-            return await self.went_away(e)
+            return await self.front.went_away(e)
         errors = [d["error"] for d in found if "error" in d]
         if errors:
             return error(400, errors[0])
@@ -154,11 +155,7 @@ class GenerateRelay:
                 yield event(doc)
         except Broken as e:
             self.metrics.broken.inc()
-            yield event({"error": f"server went away: {await self.cause(e)}"})
+            yield event({"error": f"server went away: {await self.front.cause(e)}"})
         finally:
             await docs.aclose()  # a client that left: the request is stopped
             self.inflight -= 1
-
-    async def went_away(self, exc: Exception) -> Response:
-        self.metrics.broken.inc()
-        return error(503, f"server went away: {await self.cause(exc)}; retry", retry=True)

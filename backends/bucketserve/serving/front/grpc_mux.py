@@ -60,6 +60,8 @@ class MuxStream:
             broken = Broken(f"{type(e).__name__}: {e.code().name}")
         except asyncio.CancelledError:
             broken = Broken("stream closed")
+        except Exception as e:  # whatever ends the reader must end its waiters too, never hang
+            broken = Broken(f"stream reader failed: {type(e).__name__}: {e}")
         self.broken = broken
         for queue in self.waiting.values():
             queue.put_nowait(broken)
