@@ -34,6 +34,8 @@ class EngineConfig:
     seed: int = 0  # dummy weights and unseeded sampling
     num_threads: int | None = None  # CPU: torch threads for this process; None: torch's default
     optimize_weights: bool = True  # fuse projections, oneDNN-pack on CPU; False: HF layout
+    warm_gemms: bool = False  # oneDNN linears: run every GEMM shape once at start-up, so the
+    # memory oneDNN keeps per shape is taken before serving (flat RSS after; a few seconds)
     pool_name: str | None = None  # shm / IPC name of the KV pool; None: generated
     cuda_graphs: bool = True  # GPU: replay decode steps as CUDA graphs (paged attention only)
     static_decode: bool = True  # paged attention: fixed decode buffers, incremental block tables

@@ -73,26 +73,42 @@ def is_onednn_available() -> bool:
 
 
 MIN_ROWS = 4  # pad smaller inputs: on Zen 4 a 4-row GEMM is faster than a 1- or 2-row one
-OCTAVE_BITS = 4  # 2^4 = 16 row counts per power of two: at most 1/16 (6.25 %) padding
+CHUNK_ROWS = 512  # larger inputs run as GEMMs of this many rows (and one padded rest)
+# The LM head is warmed up to this many rows (one per sequence): its GEMMs are the costly
+# ones (vocab-wide; 256 rows took 10 s on one core); bigger decode batches are rarer and add
+# their shapes when they first run (at most 29 more, ~16 MB).
+WARM_LOGIT_ROWS = 64
 
 
 def padded_rows(rows: int) -> int:
-    """The row count a oneDNN GEMM runs for `rows` inputs: at least MIN_ROWS, exact below 32,
-    then rounded up to one of 2^OCTAVE_BITS steps per power of two.
+    """The row count one oneDNN GEMM runs for `rows` <= CHUNK_ROWS inputs: at least MIN_ROWS,
+    exact below 32, then rounded up to a multiple of 8 (to 256 rows) or 16 (to 512 rows).
 
-    torch's oneDNN linear keeps memory for every distinct input shape it has run and does not
-    give it back. Prefill sees a new row count for nearly every batch (the sum of its prompt
-    lengths), so a serving process grew without bound: +720 MB of anonymous memory in a
-    prefill instance over a 10-minute soak; a plain prefill loop over mixed prompt lengths
-    grew the same way, with one fixed shape not at all, with the HF-layout torch linears not
-    at all. Rounding bounds the shapes to about 16 per power of two (docs/architecture.md)."""
+    torch's oneDNN linear keeps ~0.56 MB for every distinct input shape it has run (its
+    primitive cache; measured per shape, the same for 4 and 4,096 rows) and never gives it
+    back. Prefill sees a new row count for nearly every batch (the sum of its prompt lengths),
+    so a serving process grew without bound (+720 MB in a 10-minute soak). Rounding, and
+    running larger inputs in CHUNK_ROWS-row chunks (`gemm_rows`), leave 73 shapes in all, each
+    padded by at most 1/16 above 128 rows (below that the GEMM reads weights, not rows), and
+    `warm_onednn` runs each of them once at start-up, so the memory is taken before serving."""
     if rows < MIN_ROWS:
         return MIN_ROWS
-    shift = rows.bit_length() - 1 - OCTAVE_BITS  # rows in [2^k, 2^(k+1)): steps of 2^(k-4)
-    if shift <= 0:
+    if rows < 32:
         return rows
-    step = 1 << shift
+    step = 8 if rows <= 256 else 16
     return -(-rows // step) * step
+
+
+def gemm_rows(rows: int) -> list[int]:
+    """The row counts of the GEMMs one linear over `rows` inputs runs: CHUNK_ROWS-row chunks,
+    then the rest padded (so every shape comes from a fixed set of `gemm_shapes`)."""
+    full, rest = divmod(rows, CHUNK_ROWS)
+    return [CHUNK_ROWS] * full + ([padded_rows(rest)] if rest else [])
+
+
+def gemm_shapes(max_rows: int) -> list[int]:
+    """Every row count a GEMM runs for inputs of 1..max_rows rows, ascending."""
+    return sorted({padded_rows(r) for r in range(1, min(max_rows, CHUNK_ROWS) + 1)})
 
 
 class OneDnnLinear(nn.Module):
@@ -107,16 +123,46 @@ class OneDnnLinear(nn.Module):
         weight = linear.weight.detach()
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
         self.bias = None if linear.bias is None else linear.bias.detach()
-        self.out_features = weight.shape[0]
+        self.out_features, self.in_features = weight.shape
+        self.dtype = weight.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [N, in] -> [N, out]."""
+        """x: [N, in] -> [N, out]; above CHUNK_ROWS rows in chunks (same speed: the GEMM is
+        compute-bound well before 512 rows; 4,000 rows 199 ms chunked vs 204 ms in one)."""
+        rows = x.shape[0]
+        if rows <= CHUNK_ROWS:
+            return self._gemm(x)
+        out = x.new_empty(rows, self.out_features)
+        for start in range(0, rows, CHUNK_ROWS):
+            out[start : start + CHUNK_ROWS] = self._gemm(x[start : start + CHUNK_ROWS])
+        return out
+
+    def _gemm(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         target = padded_rows(rows)  # few distinct shapes; 1-2 row kernels are slower
         if target != rows:
             x = F.pad(x, (0, 0, 0, target - rows))
         out = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
         return out[:rows]
+
+
+@torch.inference_mode()
+def warm_onednn(model: CausalLM, max_rows: int, max_logit_rows: int) -> int:
+    """Run every GEMM shape the model's oneDNN linears can meet once, so the memory oneDNN
+    keeps per shape is taken at start-up rather than over hours of serving (as CUDA graphs are
+    captured per batch size before serving). The LM head sees one row per sequence
+    (`max_logit_rows`), the others up to `max_rows` tokens. Returns how many GEMMs ran."""
+    done: set[tuple] = set()
+    for module in model.modules():
+        if not isinstance(module, OneDnnLinear):
+            continue
+        cap = max_logit_rows if module is model.lm_head else max_rows
+        key = (module.in_features, module.out_features, module.bias is not None, module.dtype)
+        for rows in gemm_shapes(cap):
+            if (key, rows) not in done:  # layers of one shape share oneDNN's primitives
+                module._gemm(torch.zeros(rows, module.in_features, dtype=module.dtype))
+                done.add((key, rows))
+    return len(done)
 
 
 def pack_for_onednn(model: CausalLM) -> int:

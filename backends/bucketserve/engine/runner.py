@@ -20,7 +20,7 @@ from bucketserve.engine.config import EngineConfig, resolve_device, resolve_dtyp
 from bucketserve.engine.cuda_graphs import DecodeGraphs
 from bucketserve.engine.decode_inputs import StaticDecodeInputs
 from bucketserve.engine.device import bind_thread, device_context
-from bucketserve.engine.fusion import optimize
+from bucketserve.engine.fusion import WARM_LOGIT_ROWS, optimize, warm_onednn
 from bucketserve.engine.kv_pool import allocate_kv_pool, auto_num_blocks
 from bucketserve.engine.sampler import SampleOutput, Sampler, SampleRow
 from bucketserve.engine.sequence import Sequence
@@ -61,6 +61,12 @@ class ModelRunner:
             if config.optimize_weights
             else ("torch", "torch")
         )
+        self.warmed = ""  # what ran at start-up, for describe()
+        if config.warm_gemms and self.linear_impl == "onednn":
+            start = time.perf_counter()
+            cap = config.max_num_batched_tokens
+            n = warm_onednn(self.model, cap, min(config.max_num_seqs, cap, WARM_LOGIT_ROWS))
+            self.warmed = f", {n} GEMM shapes run at start-up ({time.perf_counter() - start:.1f} s)"
         self.num_blocks = config.num_blocks or auto_num_blocks(
             config, self.device, self.block_size, self.model_config, self.attention_backend
         )
@@ -109,7 +115,7 @@ class ModelRunner:
                 f"attention {self.attention_backend}, linears {self.linear_impl}, "
                 f"norms/rope/SwiGLU {self.elementwise_impl}, decode "
                 f"{'CUDA graphs' if self.uses_cuda_graphs else 'eager'}, "
-                f"{self.num_blocks} KV blocks of {self.block_size} tokens")  # fmt: skip
+                f"{self.num_blocks} KV blocks of {self.block_size} tokens{self.warmed}")  # fmt: skip
 
     @property
     def tokenizer_dir(self) -> str:

@@ -77,6 +77,23 @@ def map_segment(name: str, nbytes: int | None = None) -> mmap.mmap:
         os.close(fd)
 
 
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
+
+
+def populate(mapping: mmap.mmap) -> None:
+    """Map every page of `mapping` into this process now, without changing its bytes.
+
+    A KV pool's pages are reserved at creation (posix_fallocate) but enter a process's page
+    tables one fault at a time, the first time a request uses each block: RSS then climbs for
+    minutes of serving (prefill 94 -> 512 MB, decode 184 -> 1,024 MB in a soak) though nothing
+    was allocated, and the faults land on serving steps. Mapping it all at start makes RSS
+    say what the pool costs from the first request on."""
+    try:
+        mapping.madvise(MADV_POPULATE_WRITE)
+    except OSError:  # an older kernel: read one byte per page instead
+        bytes(memoryview(mapping)[:: mmap.PAGESIZE])
+
+
 def unlink_stale(name: str) -> bool:
     """Unlink a leftover segment of this name (e.g. from a crashed run); True if one existed."""
     try:

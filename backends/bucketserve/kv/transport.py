@@ -92,7 +92,9 @@ def allocate_pool(
         if dev.type == "cpu":
             handle = PoolHandle("shm", name, tuple(shape), dtype_name, "cpu", nbytes)
             owner = shm.create_segment(name, nbytes, f"KV pool {name!r}")
-            tensor = _view(shm.map_segment(name, nbytes), handle)
+            mapping = shm.map_segment(name, nbytes)
+            shm.populate(mapping)
+            tensor = _view(mapping, handle)
             _POOLS[(name, handle.uid)] = _Entry(tensor, owner)
         elif dev.type == "cuda":
             flat, ipc = cuda_ipc.allocate_exported(nbytes, dev)
@@ -117,7 +119,9 @@ def open_pool(handle: PoolHandle, device: torch.device | str | None = None) -> t
         if handle.kind == "shm":
             if device is not None and torch.device(device).type != "cpu":
                 raise ValueError(f"device={device} must be cpu for a shm pool")
-            tensor = _view(shm.map_segment(handle.name, handle.nbytes), handle)
+            mapping = shm.map_segment(handle.name, handle.nbytes)
+            shm.populate(mapping)
+            tensor = _view(mapping, handle)
         else:
             local = torch.device(device if device is not None else handle.device)
             tensor = _view(cuda_ipc.open_exported(handle.ipc, local), handle)

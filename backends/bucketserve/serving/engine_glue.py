@@ -40,6 +40,7 @@ def build_runner(cfg: ServeConfig, device: str, pool_name: str):
         # and its static decode buffers
         max_num_batched_tokens=cfg.max_prefill_tokens,
         max_num_seqs=cfg.max_decode_batch,
+        warm_gemms=True,  # CPU: oneDNN's per-shape memory taken before serving, not during
         **optional,
     )
     return ModelRunner(ecfg)

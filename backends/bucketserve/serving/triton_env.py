@@ -68,6 +68,14 @@ def assemble_backends(install: TritonInstall, run_dir: Path) -> Path:
     return dst.parent
 
 
+# glibc malloc for tritonserver and every stub (docs/architecture.md). By default it keeps what a
+# burst took: blocks up to 32 MiB come from heaps that only shrink from the top once its
+# adaptive mmap threshold has risen, and each thread may get its own arena (up to 8 per core).
+# A fixed threshold sends blocks of 256 KiB and more to mmap (back to the system when freed)
+# and keeps the heaps trimmed; two arenas bound the heaps that bursts of threads spread over.
+GLIBC_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "262144", "MALLOC_ARENA_MAX": "2"}
+
+
 def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The stub takes sys.path from the first python3 on PATH (DESIGN fact 3): put ours first."""
     env = dict(os.environ)
@@ -81,5 +89,7 @@ def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> d
         lib_dirs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name, value in GLIBC_MALLOC.items():  # the caller's own settings win
+        env.setdefault(name, value)
     env.update(extra or {})
     return env

@@ -110,9 +110,12 @@ def test_runner_with_kernels_matches_eager_reference(model):
     logits = {}
     for fast in (True, False):
         config = EngineConfig(model=model, device="cpu", num_blocks=64, block_size=4,
-                              optimize_weights=fast, attention="auto" if fast else "sdpa")  # fmt: skip
+                              optimize_weights=fast, attention="auto" if fast else "sdpa",
+                              warm_gemms=True, max_num_batched_tokens=1024)  # fmt: skip
         runner = ModelRunner(config)
         assert runner.elementwise_impl == ("cpp" if fast else "torch")
+        # oneDNN linears run their shapes once at start-up; the HF layout has none to run
+        assert ("GEMM shapes run at start-up" in runner.describe()) == fast
         bm = BlockManager(runner.num_blocks, runner.block_size)
         seqs = prefill_seqs(runner, bm, prompts)
         prefill = runner.prefill_logits(seqs)
@@ -143,31 +146,52 @@ def test_fresh_cache_builds_past_a_stale_lock(tmp_path):
     assert (lock.parent / f"{cpu_ops.library_name()}.so").exists()
 
 
-def test_padded_rows_bounds_the_shapes_and_the_padding():
-    """oneDNN GEMM row counts: never fewer than asked, at most 1/16 more, exact below 32,
-    monotonic, and few distinct values (each one costs memory for good)."""
-    from bucketserve.engine.fusion import MIN_ROWS, padded_rows
+def test_gemm_rows_bound_the_shapes_and_the_padding():
+    """oneDNN GEMM row counts: never fewer than asked, exact below 32, at most 1/16 more above
+    128 rows, chunks of CHUNK_ROWS above that, and few distinct values (each costs memory for
+    good), all of them in gemm_shapes."""
+    from bucketserve.engine.fusion import CHUNK_ROWS, MIN_ROWS, gemm_rows, gemm_shapes
 
-    out = [padded_rows(r) for r in range(1, 8193)]
-    for rows, padded in enumerate(out, start=1):
-        assert padded >= max(rows, MIN_ROWS)
-        if MIN_ROWS <= rows < 32:
-            assert padded == rows
-        elif rows >= 32:
-            assert padded <= rows * (1 + 1 / 16)
-    assert out == sorted(out)
-    assert len(set(out)) <= 32 + 16 * 8  # exact below 32, 16 per power of two up to 8192
+    shapes = set(gemm_shapes(8192))
+    for rows in range(1, 8193):
+        gemms = gemm_rows(rows)
+        assert set(gemms) <= shapes
+        assert sum(gemms) >= rows and all(g <= CHUNK_ROWS for g in gemms)
+        assert gemms[:-1] == [CHUNK_ROWS] * (len(gemms) - 1)
+        rest = rows % CHUNK_ROWS or CHUNK_ROWS
+        if MIN_ROWS <= rest < 32:
+            assert gemms[-1] == rest
+        elif rest > 128:
+            assert gemms[-1] <= rest * (1 + 1 / 16)
+    assert len(shapes) <= 80
+    assert gemm_shapes(20) == list(range(MIN_ROWS, 21))
 
 
-def test_onednn_linear_matches_torch_at_padded_row_counts():
-    from bucketserve.engine.fusion import OneDnnLinear, is_onednn_available, padded_rows
+def test_warm_onednn_runs_each_shape_once_and_bounds_the_logit_rows():
+    from bucketserve.engine.fusion import OneDnnLinear, gemm_shapes, warm_onednn
+
+    model = torch.nn.Module()
+    model.a, model.b = OneDnnLinear(torch.nn.Linear(64, 96)), OneDnnLinear(torch.nn.Linear(64, 96))
+    model.lm_head = OneDnnLinear(torch.nn.Linear(64, 1000, bias=False))
+    calls = []
+    for m in (model.a, model.b, model.lm_head):
+        m._gemm = lambda x, m=m, f=m._gemm: calls.append((m, x.shape[0])) or f(x)
+    assert warm_onednn(model, 700, 40) == len(gemm_shapes(700)) + len(gemm_shapes(40))
+    assert [r for m, r in calls if m is model.a] == gemm_shapes(700)
+    assert not [r for m, r in calls if m is model.b]  # same shape as `a`: its primitives
+    assert [r for m, r in calls if m is model.lm_head] == gemm_shapes(40)
+
+
+def test_onednn_linear_matches_torch_at_padded_and_chunked_row_counts():
+    from bucketserve.engine.fusion import CHUNK_ROWS, OneDnnLinear, gemm_rows, is_onednn_available
 
     assert is_onednn_available()  # this torch build has it: the fast path must be tested
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 96).eval()
     packed = OneDnnLinear(linear)
-    sizes = (1, 3, 33, 129, 300, 901)
-    assert all(padded_rows(rows) > rows for rows in sizes)  # each one runs padded
+    sizes = (1, 3, 33, 129, 300, 901, 2 * CHUNK_ROWS + 37)
+    assert all(sum(gemm_rows(rows)) > rows for rows in sizes)  # each one runs padded
+    assert len(gemm_rows(sizes[-1])) == 3  # and the last in chunks
     for rows in sizes:
         x = torch.randn(rows, 64)
         with torch.inference_mode():

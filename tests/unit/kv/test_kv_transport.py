@@ -188,3 +188,36 @@ def test_cuda_ipc_handle_json_roundtrip():
 def test_opening_cuda_pool_without_cuda_is_a_clear_error():
     with pytest.raises(RuntimeError, match="no CUDA device"):
         open_pool(_cuda_handle())
+
+
+def mapped_kb(path: str) -> int:
+    """Resident kB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+                inside = line.rstrip().endswith(path)
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.parametrize("kernel_populates", [True, False])
+def test_pool_pages_are_mapped_at_start_and_keep_their_bytes(names, monkeypatch, kernel_populates):
+    """A pool's pages enter the page tables when it is created or opened, not one fault per
+    block while serving; the peer sees the owner's bytes (an old kernel: one read per page)."""
+    if not kernel_populates:
+        monkeypatch.setattr(shm, "MADV_POPULATE_WRITE", 0x7FFF)  # no such advice: EINVAL
+    shape = (1, 2, 64, 16, 4, 64)  # 2 MiB of float32
+    pool, handle = allocate_pool(shape, torch.float32, "cpu", names("kv"))
+    path = f"/dev/shm/{handle.name}"
+    assert mapped_kb(path) >= handle.nbytes // 1024
+    pool[0, 1, 63].fill_(3.0)
+    peer = shm.map_segment(handle.name, handle.nbytes)  # what open_pool maps in a peer
+    shm.populate(peer)
+    assert mapped_kb(path) >= 2 * handle.nbytes // 1024  # both mappings, every page
+    seen = torch.frombuffer(peer, dtype=torch.float32).view(shape)
+    assert seen[0, 1, 63].eq(3.0).all() and not seen[0, 0].any()
+    del seen
+    peer.close()
+    release_pool(handle)
