@@ -73,29 +73,32 @@ def is_onednn_available() -> bool:
 
 
 MIN_ROWS = 4  # pad smaller inputs: on Zen 4 a 4-row GEMM is faster than a 1- or 2-row one
+OCTAVE_BITS = 4  # 2^4 = 16 row counts per power of two: at most 1/16 (6.25 %) padding
 CHUNK_ROWS = 512  # larger inputs run as GEMMs of this many rows (and one padded rest)
 # The LM head is warmed up to this many rows (one per sequence): its GEMMs are the costly
 # ones (vocab-wide; 256 rows took 10 s on one core); bigger decode batches are rarer and add
-# their shapes when they first run (at most 29 more, ~16 MB).
+# their shapes when they first run (at most 48 more, ~27 MB).
 WARM_LOGIT_ROWS = 64
 
 
 def padded_rows(rows: int) -> int:
     """The row count one oneDNN GEMM runs for `rows` <= CHUNK_ROWS inputs: at least MIN_ROWS,
-    exact below 32, then rounded up to a multiple of 8 (to 256 rows) or 16 (to 512 rows).
+    exact below 32, then rounded up to one of 2^OCTAVE_BITS steps per power of two.
 
     torch's oneDNN linear keeps ~0.56 MB for every distinct input shape it has run (its
     primitive cache; measured per shape, the same for 4 and 4,096 rows) and never gives it
     back. Prefill sees a new row count for nearly every batch (the sum of its prompt lengths),
     so a serving process grew without bound (+720 MB in a 10-minute soak). Rounding, and
-    running larger inputs in CHUNK_ROWS-row chunks (`gemm_rows`), leave 73 shapes in all, each
-    padded by at most 1/16 above 128 rows (below that the GEMM reads weights, not rows), and
-    `warm_onednn` runs each of them once at start-up, so the memory is taken before serving."""
+    running larger inputs in CHUNK_ROWS-row chunks (`gemm_rows`), leave 93 shapes in all, each
+    padded by at most 1/16 (coarser steps cost: the GEMMs are compute-bound from ~16 rows, a
+    576 -> 3,072 linear takes 1.44 ms at 34 rows and 1.74 ms at 40), and `warm_onednn` runs
+    each of them once at start-up, so the memory is taken before serving."""
     if rows < MIN_ROWS:
         return MIN_ROWS
-    if rows < 32:
+    shift = rows.bit_length() - 1 - OCTAVE_BITS  # rows in [2^k, 2^(k+1)): steps of 2^(k-4)
+    if shift <= 0:
         return rows
-    step = 8 if rows <= 256 else 16
+    step = 1 << shift
     return -(-rows // step) * step
 
 

@@ -147,9 +147,9 @@ def test_fresh_cache_builds_past_a_stale_lock(tmp_path):
 
 
 def test_gemm_rows_bound_the_shapes_and_the_padding():
-    """oneDNN GEMM row counts: never fewer than asked, exact below 32, at most 1/16 more above
-    128 rows, chunks of CHUNK_ROWS above that, and few distinct values (each costs memory for
-    good), all of them in gemm_shapes."""
+    """oneDNN GEMM row counts: never fewer than asked, exact below 32, at most 1/16 more from
+    32 rows, chunks of CHUNK_ROWS above that, monotonic within a chunk, and few distinct
+    values (each costs memory for good), all of them in gemm_shapes."""
     from bucketserve.engine.fusion import CHUNK_ROWS, MIN_ROWS, gemm_rows, gemm_shapes
 
     shapes = set(gemm_shapes(8192))
@@ -161,9 +161,11 @@ def test_gemm_rows_bound_the_shapes_and_the_padding():
         rest = rows % CHUNK_ROWS or CHUNK_ROWS
         if MIN_ROWS <= rest < 32:
             assert gemms[-1] == rest
-        elif rest > 128:
+        elif rest >= 32:
             assert gemms[-1] <= rest * (1 + 1 / 16)
-    assert len(shapes) <= 80
+    within_a_chunk = [gemm_rows(r)[0] for r in range(1, CHUNK_ROWS + 1)]
+    assert within_a_chunk == sorted(within_a_chunk)
+    assert len(shapes) <= 28 + 16 * 4 + 1  # exact below 32, 16 per power of two up to 512
     assert gemm_shapes(20) == list(range(MIN_ROWS, 21))
 
 

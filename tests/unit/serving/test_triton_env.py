@@ -9,17 +9,16 @@ INSTALL = TritonInstall(Path("/x/bin/tritonserver"), Path("/x/backends/python"),
 
 
 def test_glibc_malloc_is_told_not_to_hoard(monkeypatch):
-    for name in GLIBC_MALLOC:
+    for name in (*GLIBC_MALLOC, "MALLOC_MMAP_THRESHOLD_"):
         monkeypatch.delenv(name, raising=False)
     env = server_env(INSTALL, {"BUCKETSERVE_RUN_CONFIG": "/r.json"})
-    assert env["MALLOC_MMAP_THRESHOLD_"] == "262144"  # fixed: no adaptive threshold
     assert env["MALLOC_ARENA_MAX"] == "2"
+    assert "MALLOC_MMAP_THRESHOLD_" not in env  # adaptive: a fixed one slowed decode steps
     assert env["BUCKETSERVE_RUN_CONFIG"] == "/r.json"
     assert env["LD_LIBRARY_PATH"].split(":")[0] == "/x/lib"
 
 
 def test_the_callers_malloc_settings_win(monkeypatch):
     monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1048576")
     env = server_env(INSTALL)
-    assert (env["MALLOC_ARENA_MAX"], env["MALLOC_MMAP_THRESHOLD_"]) == ("8", "1048576")
+    assert env["MALLOC_ARENA_MAX"] == "8"
