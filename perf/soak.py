@@ -194,6 +194,7 @@ def soak(a) -> dict:
     openai_port = free_port() if a.api == "openai" else 0
     sp = ServeProcess(run_dir, "--kv-cache-gb", str(a.kv_cache_gb),
                       "--max-queued-requests", str(a.max_queued), "--drain-timeout-s", "10",
+                      "--max-concurrent-requests", str(a.max_concurrent),
                       "--openai-port", str(openai_port))  # fmt: skip
     sp.start()
     report: dict = {"args": vars(a), "startup_s": sp.wait_ready()}
@@ -260,6 +261,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--deadline-s", type=float, default=180.0, help="no FINAL by then: hung")
     p.add_argument("--max-requests", type=int, default=20000)
     p.add_argument("--max-queued", type=int, default=16, help="--max-queued-requests of the server")
+    p.add_argument("--max-concurrent", type=int, default=64,
+                   help="--max-concurrent-requests of the server (0: no cap)")  # fmt: skip
     p.add_argument("--kv-cache-gb", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api", choices=("v2", "openai"), default="v2",

@@ -66,6 +66,11 @@ def add_fault_args(p: argparse.ArgumentParser, d: ServeConfig) -> None:
         help="requests waiting for prefill beyond this get 'server busy' (503); 0: from memory",
     )  # fmt: skip
     p.add_argument(
+        "--max-concurrent-requests", type=int, default=d.max_concurrent_requests,
+        help="inference requests in flight at the HTTP front beyond this get 'server busy' (503)"
+        " at once, before reaching Triton; 0: no cap",
+    )  # fmt: skip
+    p.add_argument(
         "--drain-timeout-s", type=float, default=d.drain_timeout_s,
         help="on SIGTERM/SIGINT, how long in-flight requests may still finish",
     )  # fmt: skip
@@ -75,6 +80,7 @@ def fault_fields(a: argparse.Namespace) -> dict:
     return {
         "max_request_bytes": a.max_request_bytes,
         "max_queued_requests": a.max_queued_requests,
+        "max_concurrent_requests": a.max_concurrent_requests,
         "drain_timeout_s": a.drain_timeout_s,
     }
 

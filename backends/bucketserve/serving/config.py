@@ -52,6 +52,7 @@ class ServeConfig:
     # fault tolerance and overload (serving/front, serving/supervisor, scheduling/admission)
     max_request_bytes: int = 4 * 1024 * 1024  # HTTP bodies above this get 413 at the front
     max_queued_requests: int = 0  # 0: sized from memory at start (scheduling/admission.py)
+    max_concurrent_requests: int = 0  # requests in flight at the front; 0: no cap
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
     restart_backoff_max_s: float = 30.0  # supervisor: longest wait between restarts
     openai_port: int = 9000  # the OpenAI-compatible front end's port; 0: do not start it
@@ -107,6 +108,10 @@ class ServeConfig:
             )
         if self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+        if self.max_concurrent_requests < 0:
+            raise ValueError(
+                f"max_concurrent_requests must be >= 0, got {self.max_concurrent_requests}"
+            )
         if self.drain_timeout_s < 0 or self.restart_backoff_max_s < 1:
             raise ValueError(
                 "drain_timeout_s must be >= 0 and restart_backoff_max_s >= 1; got"

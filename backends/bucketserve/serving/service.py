@@ -51,7 +51,8 @@ def serve(cfg: ServeConfig, log: Callable[[str], None] = print) -> int:
     if swept:
         log(f"removed {len(swept)} shared-memory segment(s) no live process uses: {swept[:4]} ...")
     health, metrics = Health(), FrontMetrics()
-    front = Front(health, metrics, cfg.max_request_bytes, grpc_target(cfg))
+    front = Front(health, metrics, cfg.max_request_bytes, grpc_target(cfg),
+                  cfg.max_concurrent_requests)  # fmt: skip
     web = FrontServer(front, cfg.host, cfg.http_port)
     sup = Supervisor(cfg, health, metrics, log)
     for sig in (signal.SIGTERM, signal.SIGINT):  # docker stop, kill, Ctrl-C: the same drain

@@ -186,3 +186,28 @@ def test_requests_share_a_few_streams_and_get_their_own_answers(setup):
     assert len({id(s) for s in front.generate.pool.streams if s is not None}) <= 4
     assert len({r.id for r in grpc_up.seen}) == len(grpc_up.seen) == 40
     assert front.inflight == 0
+
+
+def test_requests_beyond_the_concurrency_cap_are_busy_at_once(setup):
+    """max_concurrent_requests: the next inference request gets 503 busy before reaching
+    Triton while the cap is in use, and is served again once a request ends."""
+    base, up, grpc_up, _, front = setup
+    front.max_concurrent = 2
+    url = f"{base}/v2/models/stream/generate_stream"
+    with ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(sse_events, url) for _ in range(2)]
+        deadline = time.monotonic() + 5
+        while front.inflight < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        sent = len(grpc_up.seen)
+        t0 = time.monotonic()
+        r = requests.post(f"{base}/v2/models/m/generate", json={"text_input": "x"})
+        assert r.status_code == 503 and time.monotonic() - t0 < 1.0
+        assert "max_concurrent_requests=2" in r.json()["error"] and r.headers["Retry-After"]
+        assert requests.post(f"{base}/v2/models/m/infer", data=b"{}").status_code == 503
+        assert len(grpc_up.seen) == sent and up.seen == []  # nothing reached the upstreams
+        assert requests.get(f"{base}/v2/models/m").status_code == 200  # metadata still served
+        grpc_up.release.set()
+        assert all(events[-1]["text_output"] == "end" for events in (h.result() for h in held))
+    assert requests.post(f"{base}/v2/models/m/generate", json={"text_input": "x"}).ok
+    assert front.metrics.rejected.labels("concurrency")._value.get() == 2

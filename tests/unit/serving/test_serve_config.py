@@ -62,3 +62,17 @@ def test_every_ablation_has_a_switch(monkeypatch):
     assert not any("not run" in n for n in notes)
     for target in targets:  # each one is a valid server configuration
         ServeConfig(policy=target.policy, **target.overrides)
+
+
+def test_concurrency_cap_comes_from_the_command_line_and_is_checked():
+    import argparse
+
+    from bucketserve.serving.cli import add_serve_args
+
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    a = parser.parse_args(["--max-concurrent-requests", "64"])
+    assert serve_config(a).max_concurrent_requests == 64
+    assert ServeConfig().max_concurrent_requests == 0  # no cap unless asked
+    with pytest.raises(ValueError, match="max_concurrent_requests must be >= 0, got -1"):
+        ServeConfig(max_concurrent_requests=-1)

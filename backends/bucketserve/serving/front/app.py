@@ -35,11 +35,13 @@ class Front:
     """Routes, the upstream client and the in-flight count the shutdown drain waits on."""
 
     def __init__(
-        self, health: Health, metrics: FrontMetrics, max_request_bytes: int, grpc_target: str
-    ) -> None:
+        self, health: Health, metrics: FrontMetrics, max_request_bytes: int, grpc_target: str,
+        max_concurrent: int = 0,
+    ) -> None:  # fmt: skip
         self.health = health
         self.metrics = metrics
         self.max_request_bytes = max_request_bytes
+        self.max_concurrent = max_concurrent  # inference requests in flight; 0: no cap
         self.proxied = 0  # requests relayed over HTTP now
         self.client: httpx.AsyncClient | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # uvicorn's, once it serves
@@ -95,6 +97,13 @@ class Front:
         if not self.health.is_ready:
             self.metrics.rejected.labels("not_ready").inc()
             return error(503, f"server unavailable: {self.health.cause}; retry", retry=True)
+        if request.method == "POST" and 0 < self.max_concurrent <= self.inflight:
+            # Before Triton: a busy answer from the scheduler comes only after the request
+            # went through Triton and tokenization (16 s at the 90th percentile under 2x load),
+            # and every request Triton holds costs memory there and in the stubs.
+            self.metrics.rejected.labels("concurrency").inc()
+            return error(503, f"server busy: {self.inflight} requests in flight"
+                         f" (max_concurrent_requests={self.max_concurrent}); retry", retry=True)  # fmt: skip
         try:
             body = await read_body(request, self.max_request_bytes)
         except BodyTooLarge as e:
