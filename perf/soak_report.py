@@ -33,9 +33,11 @@ def rss_by_process(sp: ServeProcess, private: bool = False) -> dict[str, int]:
 
 
 def rss_growth(rss: dict) -> dict[str, float]:
-    """Percent growth from the warm-up sample to the end, per process present in both."""
+    """Percent growth from the warm-up sample to the end, per process present in both with a
+    non-zero first reading (a process caught dying reads 0: with --faults the first kill comes
+    at the end of the warm-up)."""
     warm, end = rss.get("warm", {}), rss.get("end", {})
-    return {k: round(100.0 * (end[k] - warm[k]) / warm[k], 2) for k in warm if k in end}
+    return {k: round(100.0 * (end[k] - warm[k]) / warm[k], 2) for k in warm if k in end and warm[k]}
 
 
 def second_half_growth(timeline: list[tuple[float, dict]], key: str = "rss") -> dict[str, float]:

@@ -11,6 +11,9 @@ def sample(t: float, rss: int, private: int) -> tuple[float, dict]:
 
 def test_growth_is_percent_from_the_warm_sample_for_processes_in_both():
     assert rss_growth({"warm": {"a": 100, "b": 50}, "end": {"a": 110}}) == {"a": 10.0}
+    assert rss_growth({"warm": {"a": 100, "dying": 0}, "end": {"a": 90, "dying": 80}}) == {
+        "a": -10.0
+    }
 
 
 def test_second_half_growth_reads_the_middle_and_the_last_sample():
