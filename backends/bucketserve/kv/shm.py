@@ -55,8 +55,9 @@ def create_segment(name: str, nbytes: int, what: str) -> SharedMemory:
     return shm
 
 
-def map_segment(name: str, nbytes: int | None = None) -> mmap.mmap:
-    """Map an existing segment read-write; the mapping lives as long as the returned object."""
+def map_segment(name: str, nbytes: int | None = None, whole: bool = False) -> mmap.mmap:
+    """Map an existing segment read-write; the mapping lives as long as the returned object.
+    `whole`: every page mapped now (`populate`), as KV pools are."""
     # Mapping by path (not SharedMemory(name)) keeps openers out of CPython's resource_tracker,
     # which would otherwise unlink the owner's segment when an opener exits (cpython#82300).
     try:
@@ -72,9 +73,12 @@ def map_segment(name: str, nbytes: int | None = None) -> mmap.mmap:
             raise FileNotFoundError(f"shared-memory segment {name!r} is still being created")
         if nbytes is not None and size < nbytes:
             raise ValueError(f"segment {name!r} has {size} bytes, expected at least {nbytes}")
-        return mmap.mmap(fd, size if nbytes is None else nbytes)
+        mapping = mmap.mmap(fd, size if nbytes is None else nbytes)
     finally:
         os.close(fd)
+    if whole:
+        populate(mapping)
+    return mapping
 
 
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14

@@ -92,9 +92,7 @@ def allocate_pool(
         if dev.type == "cpu":
             handle = PoolHandle("shm", name, tuple(shape), dtype_name, "cpu", nbytes)
             owner = shm.create_segment(name, nbytes, f"KV pool {name!r}")
-            mapping = shm.map_segment(name, nbytes)
-            shm.populate(mapping)
-            tensor = _view(mapping, handle)
+            tensor = _view(shm.map_segment(name, nbytes, whole=True), handle)
             _POOLS[(name, handle.uid)] = _Entry(tensor, owner)
         elif dev.type == "cuda":
             flat, ipc = cuda_ipc.allocate_exported(nbytes, dev)
@@ -119,9 +117,7 @@ def open_pool(handle: PoolHandle, device: torch.device | str | None = None) -> t
         if handle.kind == "shm":
             if device is not None and torch.device(device).type != "cpu":
                 raise ValueError(f"device={device} must be cpu for a shm pool")
-            mapping = shm.map_segment(handle.name, handle.nbytes)
-            shm.populate(mapping)
-            tensor = _view(mapping, handle)
+            tensor = _view(shm.map_segment(handle.name, handle.nbytes, whole=True), handle)
         else:
             local = torch.device(device if device is not None else handle.device)
             tensor = _view(cuda_ipc.open_exported(handle.ipc, local), handle)

@@ -213,8 +213,7 @@ def test_pool_pages_are_mapped_at_start_and_keep_their_bytes(names, monkeypatch,
     path = f"/dev/shm/{handle.name}"
     assert mapped_kb(path) >= handle.nbytes // 1024
     pool[0, 1, 63].fill_(3.0)
-    peer = shm.map_segment(handle.name, handle.nbytes)  # what open_pool maps in a peer
-    shm.populate(peer)
+    peer = shm.map_segment(handle.name, handle.nbytes, whole=True)  # as open_pool in a peer
     assert mapped_kb(path) >= 2 * handle.nbytes // 1024  # both mappings, every page
     seen = torch.frombuffer(peer, dtype=torch.float32).view(shape)
     assert seen[0, 1, 63].eq(3.0).all() and not seen[0, 0].any()
