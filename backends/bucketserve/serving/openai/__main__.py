@@ -26,7 +26,7 @@ async def serve(cfg: ServeConfig, host: str, port: int) -> None:
         model=cfg.model,
         tokenizer=load_tokenizer(model_info(cfg)),
     )
-    app = create_app(settings, client, pool)
+    app = create_app(settings, client, pool, cfg.max_concurrent_requests)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     try:
         await server.serve()

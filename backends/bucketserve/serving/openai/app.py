@@ -31,10 +31,34 @@ class Settings:
     tokenizer: object
 
 
-def create_app(settings: Settings, client, pool) -> FastAPI:
+class ConcurrencyCap:
+    """ASGI middleware: beyond `limit` POSTs in flight (a stream counts until its last chunk),
+    answer `503 server busy ... retry` at once, before the body is read or Triton is called,
+    as the HTTP front does for `--max-concurrent-requests` (0: no cap)."""
+
+    def __init__(self, app, limit: int = 0) -> None:
+        self.app, self.limit, self.inflight = app, limit, 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.limit <= 0 or scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        if self.inflight >= self.limit:
+            busy = OpenAIError(503, f"server busy: {self.inflight} requests in flight"
+                               f" (max_concurrent_requests={self.limit}); retry")  # fmt: skip
+            answer = JSONResponse(busy.body(), status_code=503, headers={"Retry-After": "1"})
+            return await answer(scope, receive, send)
+        self.inflight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.inflight -= 1
+
+
+def create_app(settings: Settings, client, pool, max_concurrent: int = 0) -> FastAPI:
     """`client`: a tritonclient.grpc.aio InferenceServerClient, `pool`: an open StreamPool
-    (both created in the server's loop)."""
+    (both created in the server's loop); `max_concurrent`: see ConcurrencyCap."""
     app = FastAPI(title="BucketServe OpenAI-compatible API")
+    app.add_middleware(ConcurrencyCap, limit=max_concurrent)
     app.state.settings, app.state.client, app.state.pool = settings, client, pool
     app.add_exception_handler(OpenAIError, _openai_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
