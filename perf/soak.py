@@ -27,10 +27,12 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 import prom  # noqa: E402
 from bucketserve.serving.serve_process import ServeProcess, free_port  # noqa: E402
+from runinfo import git_commit, machine_name  # noqa: E402
 from soak_client import CANCELLED, FINISHED, Outcome, Target, run_one  # noqa: E402
 from soak_cycles import run_cycles  # noqa: E402
 from soak_report import (  # noqa: E402
     in_flight_at_kills,
+    in_flight_peaks,
     rss_by_process,
     rss_growth,
     second_half_growth,
@@ -197,7 +199,8 @@ def soak(a) -> dict:
                       "--max-concurrent-requests", str(a.max_concurrent),
                       "--openai-port", str(openai_port))  # fmt: skip
     sp.start()
-    report: dict = {"args": vars(a), "startup_s": sp.wait_ready()}
+    report: dict = {"args": vars(a), "machine": machine_name(), "cpu": cpu_model(),
+                    "commit": git_commit(), "startup_s": sp.wait_ready()}  # fmt: skip
     try:
         target = make_target(sp, a.api, openai_port)
         cap = (
@@ -214,10 +217,11 @@ def soak(a) -> dict:
         private: dict = {}
 
         def warm_cb() -> None:
-            rss.update(warm=rss_by_process(sp))
+            rss.update(warm=rss_by_process(sp), t_warm=time.monotonic())
             private.update(warm=rss_by_process(sp, private=True))
 
         outs = asyncio.run(load(sp, target, a, rate, warm_cb, fault_cb, timeline))
+        t_warm = rss.pop("t_warm", float("inf"))
         rss["end"], private["end"] = rss_by_process(sp), rss_by_process(sp, private=True)
         report["rss_growth_pct"] = rss_growth(rss)
         report["private_rss_growth_pct"] = rss_growth(private)
@@ -226,7 +230,9 @@ def soak(a) -> dict:
         report["rss_timeline"] = timeline
         report.update(summarize(outs, a.deadline_s), rss=rss, faults=faults)
         report["requests"] = [asdict(o) for o in outs]  # one row per request, in send order
-        in_flight_at_kills(report, [(o.start_s, o.end_s) for o in outs])
+        spans = [(o.start_s, o.end_s) for o in outs]
+        in_flight_at_kills(report, spans)
+        report["max_in_flight"] = in_flight_peaks(spans, t_warm)
         report["kv_leaked_blocks"], report["kv_blocks"] = leaked_blocks(sp, 60.0)
         report["preemptions"] = counter_total(sp, "bucketserve_preemptions_total")
     finally:
@@ -235,6 +241,16 @@ def soak(a) -> dict:
         report["left_processes"] = [p.pid for p in sp.processes()]
         report["left_shm"] = sorted(sp.shm_segments())
     return report
+
+
+def cpu_model() -> str:
+    """The CPU's model name (capacity differs between machines of the same size)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return found.group(1).strip() if found else ""
 
 
 def summarize(outs: list[Outcome], deadline_s: float) -> dict:
@@ -261,7 +277,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--deadline-s", type=float, default=180.0, help="no FINAL by then: hung")
     p.add_argument("--max-requests", type=int, default=20000)
     p.add_argument("--max-queued", type=int, default=16, help="--max-queued-requests of the server")
-    p.add_argument("--max-concurrent", type=int, default=64,
+    p.add_argument("--max-concurrent", type=int, default=32,
                    help="--max-concurrent-requests of the server (0: no cap)")  # fmt: skip
     p.add_argument("--kv-cache-gb", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)

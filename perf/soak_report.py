@@ -49,6 +49,21 @@ def second_half_growth(timeline: list[tuple[float, dict]], key: str = "rss") -> 
     return rss_growth({"warm": mid, "end": last})
 
 
+def in_flight_peaks(spans: list[tuple[float, float]], t_warm: float) -> dict[str, int]:
+    """Most requests in flight at once before and after the warm-up ended. Triton's and the
+    stubs' memory follows this count (their allocators keep a high-water mark), so RSS growth
+    after warm-up means little unless the warm-up reached the later peak."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    peaks, n = {"warm_up": 0, "after": 0}, 0
+    for t, step in events:
+        if t >= t_warm:  # those in flight as the warm-up ends count in both phases
+            peaks["after"] = max(peaks["after"], n)
+        n += step
+        phase = "warm_up" if t < t_warm else "after"
+        peaks[phase] = max(peaks[phase], n)
+    return peaks
+
+
 def in_flight_at_kills(report: dict, outs_end: list[tuple[float, float]]) -> None:
     """For each fault: requests running at the kill, and how long the slowest took to end."""
     for f in report.get("faults", []):
