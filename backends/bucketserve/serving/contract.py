@@ -80,6 +80,35 @@ OUTPUTS = (
 )
 OUTPUT_NAMES = tuple(name for name, _ in OUTPUTS)
 
+# The decode -> relay hop (`bucketserve_bls`, `decode_router`) carries one JSON tensor per
+# response instead of the seven outputs above: Triton 2.51's stub keeps every response of a
+# decoupled BLS stream until the stream ends (`ResponseIterator::responses_`, python_backend
+# src/pb_response_iterator.cc), so a relay held seven tensors per streamed token of every
+# request in flight (32 streams of 128 tokens: +40 MB in `bucketserve_bls`, +29 MB in
+# `tritonserver`). A relay asks decode for this output only and sends the user outputs itself.
+PACKED_OUTPUT = "_delta"
+
+
+@dataclass(slots=True, frozen=True)
+class PackedDelta:
+    """What one decode response says: the user outputs before they become tensors."""
+
+    text: str
+    finish_reason: str
+    num_input_tokens: int
+    num_output_tokens: int
+    logprobs: list = field(default_factory=list)  # vLLM-style entries, one per token
+    cum_logprob: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps([self.text, self.finish_reason, self.num_input_tokens,
+                           self.num_output_tokens, self.logprobs, self.cum_logprob])  # fmt: skip
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> PackedDelta:
+        text, reason, n_in, n_out, entries, cum = json.loads(raw)
+        return cls(text, reason, int(n_in), int(n_out), entries, float(cum))
+
 
 def input_declarations() -> str:
     """The `input [...]` body every entry model and `preprocessing` declare."""

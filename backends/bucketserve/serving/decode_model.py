@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from bucketserve.kv.names import shm_name
 from bucketserve.kv.stats import StatsBlock
 from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.contract import PACKED_OUTPUT, PackedDelta
 from bucketserve.serving.decode_stream import Delta
 from bucketserve.serving.decode_worker import DecodeWorker
 from bucketserve.serving.engine_glue import build_runner
@@ -23,34 +22,24 @@ from bucketserve.serving.model_info import load_tokenizer, model_info
 from bucketserve.serving.notify import FinishNotifier, socket_path
 from bucketserve.serving.relay import Client, ResponseRelay, merge
 from bucketserve.serving.repository import model_index
-from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter, route_logging
+from bucketserve.serving.triton_io import (
+    bytes_tensor,
+    json_input,
+    model_parameter,
+    route_logging,
+    user_tensors,
+)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 GAUGE_INTERVAL_S = 0.25
 
 
-def response(text: str, reason: str, n_in: int, n_out: int, logprobs=None):
-    """One response; the log-prob outputs are empty unless the request asked for them."""
+def response(text: str, reason: str, n_in: int, n_out: int, logprobs=None, packed=False):
+    """One response: the user outputs, or (a relay asked for it) the one packed tensor."""
     entries, cum = logprobs or ([], 0.0)
-    return pb_utils.InferenceResponse(
-        output_tensors=[
-            bytes_tensor("text_output", text),
-            bytes_tensor("finish_reason", reason),
-            pb_utils.Tensor("num_input_tokens", np.array([n_in], dtype=np.int32)),
-            pb_utils.Tensor("num_output_tokens", np.array([n_out], dtype=np.int32)),
-            *logprob_tensors(entries, cum),
-        ]
-    )
-
-
-def logprob_tensors(entries: list[dict], cum: float) -> list:
-    """TensorRT-LLM's output_log_probs / cum_log_probs and the vLLM backend's logprobs JSON."""
-    values = [next(iter(e.values()))["logprob"] for e in entries]
-    return [
-        pb_utils.Tensor("output_log_probs", np.asarray(values, dtype=np.float32)),
-        pb_utils.Tensor("cum_log_probs", np.asarray([cum] if entries else [], dtype=np.float32)),
-        bytes_tensor("logprobs", json.dumps(entries) if entries else ""),
-    ]
+    d = PackedDelta(text, reason, n_in, n_out, entries, cum)
+    tensors = [bytes_tensor(PACKED_OUTPUT, d.to_json())] if packed else user_tensors(d)
+    return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
 class DecodeModel:
@@ -97,7 +86,10 @@ class DecodeModel:
 
     def execute(self, requests: list) -> None:
         for request in requests:
-            sender = GuardedSender(request.get_response_sender())  # FINAL-safe is_cancelled
+            sender = GuardedSender(  # FINAL-safe is_cancelled
+                request.get_response_sender(),
+                packed=PACKED_OUTPUT in request.requested_output_names(),
+            )
             try:
                 handoff = Handoff.from_json(json_input(request, "_handoff"))
             except Exception as e:
@@ -110,13 +102,12 @@ class DecodeModel:
                 continue
             if handoff.kind == KIND_STOP:
                 self.relay.stop(handoff.target)
-                sender.send(response("", "cancelled", 0, 0), flags=FINAL)
+                sender.send(response("", "cancelled", 0, 0, packed=sender.packed), flags=FINAL)
             elif handoff.kind == KIND_GENERATE:
                 self.relay.start(sender, handoff)
             else:  # cancelled while still queued for prefill
-                sender.send(
-                    response("", "cancelled", handoff.params.num_input_tokens, 0), flags=FINAL
-                )
+                n_in = handoff.params.num_input_tokens
+                sender.send(response("", "cancelled", n_in, 0, packed=sender.packed), flags=FINAL)
         return None
 
     def send_loop(self) -> None:
@@ -193,7 +184,8 @@ class DecodeModel:
 
 
 def send(sender, text: str, reason: str, n_in: int, n_out: int, final: bool, logprobs=None):
-    sender.send(response(text, reason, n_in, n_out, logprobs), flags=FINAL if final else 0)
+    packed = sender.packed  # a GuardedSender: what the request asked for
+    sender.send(response(text, reason, n_in, n_out, logprobs, packed), flags=FINAL if final else 0)
 
 
 def send_error(sender, message: str, busy: bool) -> None:

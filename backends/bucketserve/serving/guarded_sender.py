@@ -17,12 +17,13 @@ FINAL_FLAG = 1  # pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL (kept import-fre
 class GuardedSender:
     """Wraps pb_utils' InferenceResponseSender: same send / is_cancelled calls."""
 
-    __slots__ = ("sender", "lock", "done")
+    __slots__ = ("sender", "lock", "done", "packed")
 
-    def __init__(self, sender) -> None:
+    def __init__(self, sender, packed: bool = False) -> None:
         self.sender = sender
         self.lock = threading.Lock()
         self.done = False
+        self.packed = packed  # decode: the caller (a relay) asked for contract.PACKED_OUTPUT
 
     def send(self, response=None, flags: int = 0) -> None:
         if not flags & FINAL_FLAG:

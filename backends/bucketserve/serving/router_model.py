@@ -17,13 +17,17 @@ import triton_python_backend_utils as pb_utils
 
 from bucketserve.serving.bls_stream import KEEPER, decoupled_responses
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.contract import OUTPUT_NAMES
+from bucketserve.serving.contract import PACKED_OUTPUT
 from bucketserve.serving.guarded_sender import GuardedSender
 from bucketserve.serving.handoff import KIND_GENERATE, KIND_STOP, Handoff
-from bucketserve.serving.triton_io import model_parameter, route_logging
+from bucketserve.serving.triton_io import (
+    model_parameter,
+    packed_delta,
+    route_logging,
+    user_tensors,
+)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-OUTPUTS = list(OUTPUT_NAMES)
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +58,10 @@ def call(model: str, inputs: list, outputs: list[str], barrier=None):
 
 
 def decode_stream(index: int, handoff_bytes: np.ndarray, barrier=None):
-    """The non-empty responses of `decode_<index>` for one hand-off; StepError on an error."""
-    return call(f"decode_{index}", [pb_utils.Tensor("_handoff", handoff_bytes)], OUTPUTS, barrier)
-
-
-def is_final(resp) -> bool:
-    reason = pb_utils.get_output_tensor_by_name(resp, "finish_reason")
-    return reason is not None and bool(reason.as_numpy().reshape(-1)[0])
+    """The non-empty responses of `decode_<index>` for one hand-off, packed (contract.py:
+    PACKED_OUTPUT); StepError on an error."""
+    inputs = [pb_utils.Tensor("_handoff", handoff_bytes)]
+    return call(f"decode_{index}", inputs, [PACKED_OUTPUT], barrier)
 
 
 def relay(index: int, handoff_bytes: np.ndarray, sender, wrap=None, label: str = "") -> None:
@@ -74,8 +75,11 @@ def relay(index: int, handoff_bytes: np.ndarray, sender, wrap=None, label: str =
     try:
         for resp in stream:
             last_s = time.monotonic()
-            outputs = [wrap(t) for t in resp.output_tensors()] if wrap else resp.output_tensors()
-            if is_final(resp):
+            delta = packed_delta(resp)  # the stream keeps `resp`: its tensors stay few and small
+            outputs = user_tensors(delta)  # these go once sent
+            if wrap:
+                outputs = [wrap(t) for t in outputs]
+            if delta.finish_reason:
                 last = outputs
                 break
             sender.send(pb_utils.InferenceResponse(output_tensors=outputs))

@@ -8,6 +8,8 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from bucketserve.serving.contract import PACKED_OUTPUT, PackedDelta
+
 
 def model_parameter(args: dict, key: str) -> str:
     """A string parameter of this model's config.pbtxt."""
@@ -34,6 +36,28 @@ def read_inputs(request, names) -> dict[str, np.ndarray]:
 
 def bytes_tensor(name: str, text: str) -> pb_utils.Tensor:
     return pb_utils.Tensor(name, np.array([text.encode("utf-8")], dtype=np.object_))
+
+
+def user_tensors(d: PackedDelta) -> list:
+    """The user outputs of one response; the log-prob ones are empty unless the request asked
+    (TensorRT-LLM's output_log_probs / cum_log_probs, the vLLM backend's logprobs JSON)."""
+    values = [next(iter(e.values()))["logprob"] for e in d.logprobs]
+    cum = [d.cum_logprob] if d.logprobs else []
+    return [
+        bytes_tensor("text_output", d.text),
+        bytes_tensor("finish_reason", d.finish_reason),
+        pb_utils.Tensor("num_input_tokens", np.array([d.num_input_tokens], dtype=np.int32)),
+        pb_utils.Tensor("num_output_tokens", np.array([d.num_output_tokens], dtype=np.int32)),
+        pb_utils.Tensor("output_log_probs", np.asarray(values, dtype=np.float32)),
+        pb_utils.Tensor("cum_log_probs", np.asarray(cum, dtype=np.float32)),
+        bytes_tensor("logprobs", json.dumps(d.logprobs) if d.logprobs else ""),
+    ]
+
+
+def packed_delta(response) -> PackedDelta:
+    """The PACKED_OUTPUT of a decode response (contract.py: why the relay hop is packed)."""
+    t = pb_utils.get_output_tensor_by_name(response, PACKED_OUTPUT)
+    return PackedDelta.from_json(t.as_numpy().reshape(-1)[0])
 
 
 def json_input(request, name: str) -> str:

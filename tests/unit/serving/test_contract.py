@@ -10,6 +10,7 @@ import pytest
 from bucketserve.serving.contract import (
     INPUTS,
     GenerateParams,
+    PackedDelta,
     input_declarations,
     output_declarations,
     parse_params,
@@ -120,3 +121,12 @@ def test_declarations_cover_the_table():
     names = re.findall(r'name: "(\w+)" data_type: TYPE_\w+ dims: \[ -?1 \] optional: true', text)
     assert names == [i.name for i in INPUTS]
     assert "output_log_probs" in output_declarations()
+
+
+def test_packed_delta_round_trips_through_json():
+    entries = [{"42": {"logprob": -0.5, "rank": 1, "decoded_token": "ü\u2028"}}]
+    d = PackedDelta("héllo\u2028 wörld", "length", 7, 3, entries, -0.5)
+    raw = d.to_json().encode("utf-8")  # as it travels: a BYTES tensor
+    assert PackedDelta.from_json(raw) == d
+    empty = PackedDelta("", "", 0, 0)
+    assert PackedDelta.from_json(empty.to_json()) == empty
