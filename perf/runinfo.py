@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -19,6 +20,16 @@ CORPUS = (
 
 def machine_name() -> str:
     return f"{platform.machine()}-cpu{os.cpu_count()}"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (capacity differs between machines of the same size)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return found.group(1).strip() if found else ""
 
 
 def git_commit() -> str:

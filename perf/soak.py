@@ -27,7 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 import prom  # noqa: E402
 from bucketserve.serving.serve_process import ServeProcess, free_port  # noqa: E402
-from runinfo import git_commit, machine_name  # noqa: E402
+from runinfo import cpu_model, git_commit, machine_name  # noqa: E402
 from soak_client import CANCELLED, FINISHED, Outcome, Target, run_one  # noqa: E402
 from soak_cycles import run_cycles  # noqa: E402
 from soak_report import (  # noqa: E402
@@ -215,13 +215,14 @@ def soak(a) -> dict:
         timeline: list = []
         fault_cb = make_fault_cb(sp, a, faults) if a.faults else None
         private: dict = {}
+        warm_at: list[float] = []  # when the warm-up ended (none: the load was shorter)
 
         def warm_cb() -> None:
-            rss.update(warm=rss_by_process(sp), t_warm=time.monotonic())
+            rss.update(warm=rss_by_process(sp))
+            warm_at.append(time.monotonic())
             private.update(warm=rss_by_process(sp, private=True))
 
         outs = asyncio.run(load(sp, target, a, rate, warm_cb, fault_cb, timeline))
-        t_warm = rss.pop("t_warm", float("inf"))
         rss["end"], private["end"] = rss_by_process(sp), rss_by_process(sp, private=True)
         report["rss_growth_pct"] = rss_growth(rss)
         report["private_rss_growth_pct"] = rss_growth(private)
@@ -232,7 +233,7 @@ def soak(a) -> dict:
         report["requests"] = [asdict(o) for o in outs]  # one row per request, in send order
         spans = [(o.start_s, o.end_s) for o in outs]
         in_flight_at_kills(report, spans)
-        report["max_in_flight"] = in_flight_peaks(spans, t_warm)
+        report["max_in_flight"] = in_flight_peaks(spans, warm_at[0] if warm_at else float("inf"))
         report["kv_leaked_blocks"], report["kv_blocks"] = leaked_blocks(sp, 60.0)
         report["preemptions"] = counter_total(sp, "bucketserve_preemptions_total")
     finally:
@@ -241,16 +242,6 @@ def soak(a) -> dict:
         report["left_processes"] = [p.pid for p in sp.processes()]
         report["left_shm"] = sorted(sp.shm_segments())
     return report
-
-
-def cpu_model() -> str:
-    """The CPU's model name (capacity differs between machines of the same size)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    return found.group(1).strip() if found else ""
 
 
 def summarize(outs: list[Outcome], deadline_s: float) -> dict:

@@ -25,11 +25,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bucketserve.serving.serve_process import ServeProcess  # noqa: E402
+from soak import WORDS  # noqa: E402
 from soak_client import Target, run_one  # noqa: E402
 from soak_report import rss_by_process  # noqa: E402
 
 WATCH = ("tritonserver", "bucketserve_bls_0_0")
-WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars shine".split()
 
 
 async def wave(base: str, n: int, tokens: int, stream: bool, seed: int) -> dict[str, int]:
