@@ -14,8 +14,8 @@ import time
 
 import torch
 from bucketserve.engine.attention import AttentionMetadata
-from bucketserve.engine.sdpa_attention import SdpaBackend
-from bucketserve.engine.triton_attention import TritonBackend
+from bucketserve.engine.attention.sdpa import SdpaBackend
+from bucketserve.engine.attention.triton_paged import TritonBackend
 
 
 def pools(batch: int, context: int, heads: int, kv_heads: int, dim: int, block: int, args):
@@ -92,7 +92,7 @@ def main() -> None:
 def recompile_check(args) -> dict:
     """First-call time of the kernel as the block-table width grows: a width that is not
     specialised on costs no recompile (~1 s each otherwise, stalling the decode loop)."""
-    from bucketserve.engine.triton_attention import paged_decode
+    from bucketserve.engine.attention.triton_paged import paged_decode
 
     q, k_cache, v_cache, tables = pools(1, 64 * args.block_size, args.heads, args.kv_heads,
                                         args.head_dim, args.block_size, args)  # fmt: skip

@@ -64,10 +64,7 @@ class Attention(nn.Module):
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self._rope_and_store(q, k, v, cos, sin, k_cache, v_cache, meta.slot_mapping)
-        if meta.is_prefill:
-            out = backend.prefill(q, k, v, meta, self.scale)
-        else:
-            out = backend.decode(q, k_cache, v_cache, meta, self.scale)
+        out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, H, hd]
         return self.o_proj(out.reshape(num_tokens, -1))
 
     def _rope_and_store(self, q, k, v, cos, sin, k_cache, v_cache, slot_mapping):

@@ -23,7 +23,7 @@ from bucketserve.engine.device import bind_thread, device_context
 from bucketserve.engine.fusion import WARM_LOGIT_ROWS, optimize, warm_onednn
 from bucketserve.engine.kv_pool import allocate_kv_pool, auto_num_blocks
 from bucketserve.engine.sampler import SampleOutput, Sampler, SampleRow
-from bucketserve.engine.sequence import Sequence
+from bucketserve.engine.sequence import Chunk, Sequence
 from bucketserve.engine.shapes import ModelConfig
 from bucketserve.engine.step_stats import StepStats
 
@@ -143,15 +143,7 @@ class ModelRunner:
         """Like prefill, with the log-probs of rows whose SamplingParams ask for them."""
         if not seqs:
             return SampleOutput([], [])
-        start = time.perf_counter()
-        with device_context(self.device):
-            out = self.sampler(self._prefill_logits(seqs), self._sample_rows(seqs))
-            # The KV written here is published to decode right after: make "written" explicit
-            # rather than rely on the sampler happening to sync.
-            self._sync()
-        num_tokens = sum(s.num_tokens for s in seqs)
-        self.stats.record(True, len(seqs), num_tokens, time.perf_counter() - start)
-        return out
+        return self.step_sampled([], [Chunk(s, 0, s.num_tokens) for s in seqs])
 
     @torch.inference_mode()
     def decode_sampled(self, seqs: list[Sequence]) -> SampleOutput:
@@ -165,10 +157,31 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
+    def step_sampled(self, decodes: list[Sequence], chunks: list[Chunk]) -> SampleOutput:
+        """One fused iteration: the newest token of each decode sequence, plus prompt chunks
+        that attend to their sequence's KV already in the pool. Samples one token per decode
+        and per chunk that reaches its sequence's last token (`Chunk.is_last`), in that order."""
+        if not chunks:
+            return self.decode_sampled(decodes)
+        start = time.perf_counter()
+        with device_context(self.device):
+            logits, rows = self._step_logits(decodes, chunks)
+            out = self.sampler(logits, self._sample_rows(rows))
+            # The KV written here may be published to another instance right after: make
+            # "written" explicit rather than rely on the sampler happening to sync.
+            self._sync()
+        seconds, num_chunk = time.perf_counter() - start, sum(c.num_tokens for c in chunks)
+        if decodes:
+            self.stats.record_mixed(len(decodes), num_chunk, seconds)
+        else:
+            self.stats.record(True, len(chunks), num_chunk, seconds)
+        return out
+
+    @torch.inference_mode()
     def prefill_logits(self, seqs: list[Sequence]) -> torch.Tensor:
         """Like prefill, but returns the last-position logits [B, V] (float32)."""
         with device_context(self.device):
-            return self._prefill_logits(seqs)
+            return self._step_logits([], [Chunk(s, 0, s.num_tokens) for s in seqs])[0]
 
     @torch.inference_mode()
     def decode_logits(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -184,26 +197,52 @@ class ModelRunner:
 
     # ---- step inputs --------------------------------------------------------------------
 
-    def _prefill_logits(self, seqs: list[Sequence]) -> torch.Tensor:
-        input_ids, positions, slot_mapping, seq_lens, last_indices = [], [], [], [], []
-        for seq in seqs:
+    def _step_logits(self, decodes: list[Sequence], chunks: list[Chunk]):
+        """Logits [R, V] of the sampled rows (every decode, then chunks that end their prompt)
+        and the sequences they belong to. Rows: decode tokens first, then chunk tokens."""
+        bs, ids, positions, slots, context_lens = self.block_size, [], [], [], []
+        for seq in decodes:
             n = self._check_blocks(seq)
-            input_ids.extend(seq.token_ids)
-            positions.extend(range(n))
-            slot_mapping.extend(self._slots(seq.block_table, n))
-            seq_lens.append(n)
-            last_indices.append(len(input_ids) - 1)
+            ids.append(seq.last_token_id)
+            positions.append(n - 1)
+            slots.append(seq.block_table[(n - 1) // bs] * bs + (n - 1) % bs)
+            context_lens.append(n)
+        last_rows, rows = list(range(len(decodes))), list(decodes)
+        for c in chunks:
+            self._check_blocks(c.seq)
+            end = c.start + c.num_tokens
+            ids.extend(c.seq.token_ids[c.start : end])
+            positions.extend(range(c.start, end))
+            slots.extend(self._slots(c.seq.block_table, c.start, end))
+            if c.is_last:
+                last_rows.append(len(ids) - 1)
+                rows.append(c.seq)
+        meta = self._step_metadata(decodes, chunks, slots, context_lens)
+        hidden = self._forward(ids, positions, meta)  # [T, D]
+        return self.model.compute_logits(hidden[self._tensor(last_rows, torch.int64)]), rows
+
+    def _step_metadata(self, decodes, chunks, slots, context_lens) -> AttentionMetadata:
+        seq_lens = [c.num_tokens for c in chunks]
         cu_seqlens = [0]
         for n in seq_lens:
             cu_seqlens.append(cu_seqlens[-1] + n)
+        starts = [c.start for c in chunks]
         meta = AttentionMetadata(
-            is_prefill=True, slot_mapping=self._tensor(slot_mapping, torch.int64),
+            is_prefill=not decodes, slot_mapping=self._tensor(slots, torch.int64),
             seq_lens=seq_lens, max_seqlen=max(seq_lens),
             cu_seqlens=self._tensor(cu_seqlens, torch.int32),
+            num_decode_tokens=len(decodes), context_starts=starts,
         )  # fmt: skip
-        self._backend.prepare_prefill(meta, self._tensor)
-        hidden = self._forward(input_ids, positions, meta)  # [T, D]
-        return self.model.compute_logits(hidden[self._tensor(last_indices, torch.int64)])
+        if meta.has_context:
+            need = [-(-(c.start + c.num_tokens) // self.block_size) for c in chunks]
+            meta.chunk_block_ids = [self._tensor(c.seq.block_table[:k], torch.int64)
+                                    for c, k in zip(chunks, need, strict=True)]  # fmt: skip
+        else:
+            self._backend.prepare_prefill(meta, self._tensor)
+        if decodes:
+            tables = [s.block_table for s in decodes]
+            self._backend.prepare_decode(meta, tables, context_lens, self.block_size, self._tensor)
+        return meta
 
     def _decode_logits(self, seqs: list[Sequence]) -> torch.Tensor:
         if self._graphs is not None and self._graphs.can_run(len(seqs)):
@@ -250,11 +289,14 @@ class ModelRunner:
             )
         return n
 
-    def _slots(self, block_table: list[int], num_tokens: int) -> list[int]:
-        bs, slots = self.block_size, []
-        for i in range(-(-num_tokens // bs)):
-            first = block_table[i] * bs
-            slots.extend(range(first, first + min(bs, num_tokens - i * bs)))
+    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
+        """Flat cache slots of token positions [start, end) of one sequence."""
+        bs, slots, pos = self.block_size, [], start
+        while pos < end:
+            first = block_table[pos // bs] * bs
+            stop = min(end, (pos // bs + 1) * bs)
+            slots.extend(range(first + pos % bs, first + pos % bs + stop - pos))
+            pos = stop
         return slots
 
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:

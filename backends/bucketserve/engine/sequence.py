@@ -28,6 +28,7 @@ class Sequence:
     seq_id: int | str = field(default_factory=lambda: next(_seq_ids))  # e.g. a request id
     num_prompt_tokens: int = -1
     block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is in the pool (the scheduler advances it)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
 
@@ -64,6 +65,11 @@ class Sequence:
         return self.token_ids[-1]
 
     @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens whose KV a forward pass still has to compute (1 for a decoding sequence)."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
     def is_finished(self) -> bool:
         """Status is FINISHED."""
         return self.status is SequenceStatus.FINISHED
@@ -73,17 +79,32 @@ class Sequence:
         self.token_ids.append(int(token_id))
 
 
-def check_stop(seq: Sequence, eos_token_ids: tuple[int, ...], max_model_len: int) -> str | None:
-    """Finish reason after the newest token ("stop" / "length"), or None to go on."""
+def check_stop(seq: Sequence, eos_token_ids, max_model_len: int) -> str | None:
+    """The one stop rule: finish reason after the newest token ("stop" / "length"), or None.
+
+    EOS (unless ignored) and stop ids end a request once min_tokens are out (the sampler masks
+    them before that); max_tokens and the context length end it with "length". Stop *strings*
+    are text, matched by the serving layer's detokenizer on top of this rule."""
     params, last = seq.sampling_params, seq.last_token_id
-    may_stop = seq.num_completion_tokens >= params.min_tokens
-    if may_stop and not params.ignore_eos and last in eos_token_ids:
-        return "stop"
-    if may_stop and last in params.stop_token_ids:
+    if seq.num_completion_tokens >= params.min_tokens and params.is_stop_token(last, eos_token_ids):
         return "stop"
     if seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= max_model_len:
         return "length"
     return None
+
+
+@dataclass(slots=True, frozen=True)
+class Chunk:
+    """Tokens [start, start + num_tokens) of `seq` to run through one forward pass."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+
+    @property
+    def is_last(self) -> bool:
+        """This chunk reaches the sequence's newest token, so a token is sampled after it."""
+        return self.start + self.num_tokens == self.seq.num_tokens
 
 
 def finish(seq: Sequence, reason: str) -> None:

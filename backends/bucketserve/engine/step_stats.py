@@ -20,6 +20,14 @@ class StepStats:
     ema_step_s: float = 0.0  # any step, prefill or decode
     last_step_s: float = 0.0
     last_batch_size: int = 0
+    num_mixed_steps: int = 0  # steps that carried decode tokens and prefill-chunk tokens
+
+    def record_mixed(self, num_decodes: int, num_chunk_tokens: int, seconds: float) -> None:
+        """Account one fused step: decode rows plus prefill-chunk rows (counted as decode
+        for the step EMA, which is what a running sequence waits per token)."""
+        self.record(False, num_decodes, num_decodes, seconds)
+        self.num_prefill_tokens += num_chunk_tokens
+        self.num_mixed_steps += 1
 
     def record(self, is_prefill: bool, batch_size: int, num_tokens: int, seconds: float) -> None:
         """Account one step."""

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from bucketserve.engine import cpu_ops
 from bucketserve.engine.attention import AttentionMetadata, resolve_backend_name, store_kv
-from bucketserve.engine.sdpa_attention import SdpaBackend, plan_decode_groups
+from bucketserve.engine.attention.sdpa import SdpaBackend, plan_decode_groups
 
 from tests.unit.engine.helpers import paged_decode, scattered_paged_cache
 

@@ -9,8 +9,8 @@ import torch
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.config import EngineConfig
 from bucketserve.engine.runner import ModelRunner
-from bucketserve.engine.sdpa_attention import SdpaBackend
-from bucketserve.engine.triton_attention import TritonBackend
+from bucketserve.engine.attention.sdpa import SdpaBackend
+from bucketserve.engine.attention.triton_paged import TritonBackend
 
 from tests.unit.engine.helpers import paged_decode, prefill_seqs, rel_err, scattered_paged_cache
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bucketserve.engine.attention import AttentionMetadata, DecodeGroup, padded_tables
-from bucketserve.engine.sdpa_prefill import padded_prefill, plan_prefill_groups
+from bucketserve.engine.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    DecodeGroup,
+    padded_tables,
+)
+from bucketserve.engine.attention.sdpa_prefill import padded_prefill, plan_prefill_groups
 
 GROUP_GROWTH = 2  # a new length group starts where a context needs > 2x the group's blocks
 MIN_SAVING = 0.75  # split only when gathering drops below 75% of the padded batch's
@@ -29,7 +34,7 @@ def plan_decode_groups(context_lens: list[int], block_size: int) -> list[list[in
     return groups
 
 
-class SdpaBackend:
+class SdpaBackend(AttentionBackend):
     """Padded 4-D causal SDPA for prefill; gathered blocks + masked SDPA for decode."""
 
     name = "sdpa"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from bucketserve.engine.attention import AttentionMetadata, fill_block_tables
-from bucketserve.engine.sdpa_attention import SdpaBackend
+from bucketserve.engine.attention.base import AttentionMetadata, fill_block_tables
+from bucketserve.engine.attention.sdpa import SdpaBackend
 
 
 class CpuPagedBackend(SdpaBackend):

@@ -1,0 +1,183 @@
+"""The decode scheduler: which sequences run in the next forward pass (pure Python, no torch).
+
+One iteration carries the newest token of every running sequence plus prompt chunks that fill
+the rest of a token budget (Sarathi-Serve's stall-free batching; vLLM's chunked prefill); a
+budget of 1 prompt token per decode is "decode first", a budget as large as the longest
+prompt is "prefill whole prompts". Memory follows `scheduling.memory.DecodeMemory`: a
+sequence is admitted with the blocks of all its tokens, grows one block at a time as it
+decodes, and when the batch cannot grow the newest sequences are preempted and recomputed
+later. The shape is nano-vllm's `schedule()` / `postprocess()`; `LLMEngine`, the server's
+decode worker and the simulator all drive this one class.
+"""
+
+from __future__ import annotations
+
+import itertools
+from bisect import insort
+from collections import deque
+from dataclasses import dataclass, field
+
+from bucketserve.engine.block_manager import BlockManager
+from bucketserve.engine.sequence import Chunk, Sequence, SequenceStatus, check_stop, finish
+from bucketserve.scheduling.memory import DecodeMemory, blocks_for
+
+
+@dataclass(slots=True)
+class BatchLimits:
+    """How big one iteration may be."""
+
+    max_num_seqs: int = 256  # running sequences
+    token_budget: int = 512  # tokens per iteration: one per decode, the rest prompt chunks
+    watermark: float = 0.01  # share of the pool admission keeps free
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.token_budget < 1:
+            raise ValueError(f"token_budget must be >= 1, got {self.token_budget}")
+
+
+@dataclass(slots=True)
+class ScheduledStep:
+    """The next forward pass, and what changed to make it."""
+
+    decodes: list[Sequence] = field(default_factory=list)  # one token each (the newest)
+    chunks: list[Chunk] = field(default_factory=list)  # prompt (or recompute) chunks
+    admitted: list[Sequence] = field(default_factory=list)  # left `waiting` this round
+    preempted: list[Sequence] = field(default_factory=list)  # blocks freed, back to waiting
+
+    @property
+    def sampled(self) -> list[Sequence]:
+        """Sequences that get a token from this step, in the runner's row order."""
+        return self.decodes + [c.seq for c in self.chunks if c.is_last]
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to run."""
+        return not self.decodes and not self.chunks
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One sampled token and whether it ended its sequence (None: it goes on)."""
+
+    seq: Sequence
+    token: int
+    finish_reason: str | None
+
+
+class Scheduler:
+    """Owns the waiting queue and the running batch of one engine instance."""
+
+    def __init__(self, blocks: BlockManager, limits: BatchLimits, eos_token_ids,
+                 max_model_len: int) -> None:  # fmt: skip
+        self.blocks, self.limits = blocks, limits
+        self.memory = DecodeMemory(blocks.num_total_blocks, blocks.block_size, limits.watermark)
+        self.eos_token_ids, self.max_model_len = tuple(eos_token_ids), max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in arrival order: the tail is preempted first
+        self._arrival: dict[int, int] = {}  # id(seq) -> arrival rank
+        self._ranks = itertools.count()
+        self.num_preemptions = self.num_recomputed_tokens = 0
+
+    @property
+    def has_work(self) -> bool:
+        """Some sequence is waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence. Its KV may already be in the pool's future blocks (a prefill
+        hand-off: num_computed_tokens = prompt length, copied in by the caller on admission)
+        or not (num_computed_tokens = 0: its tokens are prefilled here, in chunks)."""
+        self._arrival[id(seq)] = next(self._ranks)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def schedule(self) -> ScheduledStep:
+        """The next iteration: grow (or preempt), decodes, continued chunks, then admissions."""
+        step = ScheduledStep(preempted=self._grow())
+        step.decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        budget = self.limits.token_budget - len(step.decodes)
+        for seq in self.running:
+            if budget > 0 and seq.num_uncomputed_tokens > 1:
+                take = min(budget, seq.num_uncomputed_tokens)
+                step.chunks.append(Chunk(seq, seq.num_computed_tokens, take))
+                budget -= take
+        self._admit(step, budget)
+        return step
+
+    def postprocess(self, step: ScheduledStep, tokens: list[int]) -> list[StepResult]:
+        """Advance what ran, append the sampled tokens, apply the stop rule, free the done."""
+        sampled = step.sampled
+        for seq in step.decodes:
+            seq.num_computed_tokens += 1
+        for chunk in step.chunks:
+            chunk.seq.num_computed_tokens += chunk.num_tokens
+        results = []
+        for seq, token in zip(sampled, tokens, strict=True):
+            seq.append_token(token)
+            reason = check_stop(seq, self.eos_token_ids, self.max_model_len)
+            if reason is not None:
+                self.finish(seq, reason)
+            results.append(StepResult(seq, int(token), reason))
+        return results
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End `seq` (stop, length, cancelled, error): out of the queues, blocks freed."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.block_table:
+            self.blocks.release(seq)
+        self._arrival.pop(id(seq), None)
+        finish(seq, reason)
+
+    def recompute(self, seq: Sequence) -> None:
+        """A waiting sequence whose promised KV will not come (an expired hand-off): its
+        tokens are prefilled here instead."""
+        seq.num_computed_tokens = 0
+
+    # ---- memory -------------------------------------------------------------------------
+    def _grow(self) -> list[Sequence]:
+        """Room for every running sequence's tokens this step; preempt from the tail if short."""
+        plan = [(len(s.block_table), s.num_tokens) for s in self.running]
+        preempted = []
+        for _ in range(self.memory.preemptions(plan, self.blocks.num_free_blocks)):
+            seq = self.running.pop()
+            self.blocks.release(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            self.num_preemptions += 1
+            self.waiting.appendleft(seq)
+            preempted.append(seq)
+        for seq in self.running:
+            self.blocks.ensure_slot(seq)
+        return preempted
+
+    def _admit(self, step: ScheduledStep, budget: int) -> None:
+        """Admit waiting sequences in order while seats, blocks and the token budget last;
+        leaves free the running batch's next-step growth and the watermark."""
+        bs = self.blocks.block_size
+        growth = sum(max(0, blocks_for(s.num_tokens + 1, bs) - len(s.block_table))
+                     for s in self.running)  # fmt: skip
+        while self.waiting and len(self.running) < self.limits.max_num_seqs:
+            seq = self.waiting[0]
+            # KV promised by a hand-off (computed > 0, one token left) needs no prefill here
+            needs_prefill = not seq.num_computed_tokens or seq.num_uncomputed_tokens > 1
+            free = self.blocks.num_free_blocks - growth
+            if (needs_prefill and budget <= 0) or not self.memory.can_admit(
+                seq.num_tokens, free, len(self.running)
+            ):
+                break
+            self.waiting.popleft()
+            if seq.num_completion_tokens and not seq.num_computed_tokens:
+                self.num_recomputed_tokens += seq.num_tokens
+            self.blocks.allocate_for(seq, seq.num_tokens)
+            seq.status = SequenceStatus.RUNNING
+            insort(self.running, seq, key=lambda s: self._arrival[id(s)])
+            step.admitted.append(seq)
+            if needs_prefill:
+                take = min(budget, seq.num_uncomputed_tokens)
+                step.chunks.append(Chunk(seq, seq.num_computed_tokens, take))
+                budget -= take
