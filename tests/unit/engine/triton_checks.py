@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import torch
+from bucketserve.engine.attention.sdpa import SdpaBackend
+from bucketserve.engine.attention.triton_paged import TritonBackend
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.config import EngineConfig
 from bucketserve.engine.runner import ModelRunner
-from bucketserve.engine.attention.sdpa import SdpaBackend
-from bucketserve.engine.attention.triton_paged import TritonBackend
 
 from tests.unit.engine.helpers import paged_decode, prefill_seqs, rel_err, scattered_paged_cache
 

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from bucketserve.engine.attention.base import AttentionMetadata, fill_block_tables
-from bucketserve.engine.device import device_context
 from bucketserve.engine.attention.sdpa import SdpaBackend
+from bucketserve.engine.device import device_context
 
 MAX_SPLITS = 16
 TARGET_PROGRAMS = 264  # ~2 waves of an H100/H200's 132 SMs
