@@ -56,6 +56,12 @@ class ScheduledStep:
         """Nothing to run."""
         return not self.decodes and not self.chunks
 
+    def drop(self, seq: Sequence) -> None:
+        """Take `seq` out of this step (e.g. its KV could not be pulled); the caller ends it."""
+        if seq in self.decodes:
+            self.decodes.remove(seq)
+        self.chunks = [c for c in self.chunks if c.seq is not seq]
+
 
 @dataclass(slots=True)
 class StepResult:
@@ -86,9 +92,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add(self, seq: Sequence) -> None:
-        """Queue a sequence. Its KV may already be in the pool's future blocks (a prefill
-        hand-off: num_computed_tokens = prompt length, copied in by the caller on admission)
-        or not (num_computed_tokens = 0: its tokens are prefilled here, in chunks)."""
+        """Queue a sequence. Its KV may come from elsewhere (a prefill hand-off:
+        num_computed_tokens = prompt length; the caller copies the KV into the blocks of each
+        sequence in `ScheduledStep.admitted` before running the step, or drops it) or not
+        (num_computed_tokens = 0: its tokens are prefilled here, in chunks)."""
         self._arrival[id(seq)] = next(self._ranks)
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
@@ -177,7 +184,10 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             insort(self.running, seq, key=lambda s: self._arrival[id(s)])
             step.admitted.append(seq)
-            if needs_prefill:
+            if not needs_prefill:  # its KV arrives (the caller copies it) before the step runs
+                step.decodes.append(seq)
+                budget -= 1
+            else:
                 take = min(budget, seq.num_uncomputed_tokens)
                 step.chunks.append(Chunk(seq, seq.num_computed_tokens, take))
                 budget -= take

@@ -12,7 +12,7 @@ import numpy as np
 from bucketserve.kv import shm
 
 _MAGIC = 0x42535354415453  # "BSSTATS"
-_VERSION = 1
+_VERSION = 2
 _HEADER_WORDS = 4  # magic, version, seq, reserved
 _READ_TIMEOUT_S = 1.0  # a writer stuck mid-update this long has died while publishing
 
@@ -31,6 +31,8 @@ class InstanceStatsSnapshot:
     kv_bytes_per_token: int = 0
     heartbeat: float = 0.0  # writer's time.time() at its last publish; 0 = never published
     pending_handoffs: int = 0
+    num_received: int = 0  # requests this instance has taken in (monotonic)
+    prefill_backlog: int = 0  # prompt tokens queued or running here whose KV is not yet computed
 
 
 _FIELDS = tuple(f.name for f in fields(InstanceStatsSnapshot))

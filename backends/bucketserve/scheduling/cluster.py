@@ -20,6 +20,8 @@ class InstanceStats:
     step_latency_s: float
     kv_bytes_per_token: int
     pending_handoffs: int = 0
+    num_received: int = 0  # requests the instance has taken in (colocated gating)
+    prefill_backlog: int = 0  # prompt tokens there whose KV is not computed yet
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

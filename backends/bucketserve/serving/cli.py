@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from bucketserve.serving.config import KNOWN_POLICIES, ServeConfig
+from bucketserve.serving.config import KNOWN_POLICIES, TOPOLOGIES, ServeConfig
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -15,6 +15,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--model", default=d.model, help="HF checkpoint dir, .gguf file, 'smollm2' or dummy:<shape>"
     )
     p.add_argument("--policy", default=d.policy, choices=KNOWN_POLICIES)
+    p.add_argument(
+        "--topology", default=d.topology, choices=TOPOLOGIES,
+        help="disaggregated: prefill instances hand KV to decode instances; colocated: each "
+        "--decode-devices instance runs fused decode + prompt-chunk iterations (no hand-off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--chunk-tokens", type=int, default=d.chunk_tokens,
+        help="colocated: tokens per iteration (every running decode's token, then prompt chunks)",
+    )  # fmt: skip
     p.add_argument(
         "--prefill-devices", action="append", help="cpu or cuda:N (repeatable; default cpu)"
     )
@@ -96,6 +105,8 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
         model=a.model,
         policy=a.policy,
+        topology=a.topology,
+        chunk_tokens=a.chunk_tokens,
         prefill_devices=a.prefill_devices or ["cpu"],
         decode_devices=a.decode_devices or ["cpu"],
         host=a.host,

@@ -14,7 +14,7 @@ class ClusterStats:
     def __init__(self, cfg: ServeConfig) -> None:
         self.names = {
             ("prefill", i): shm_name(cfg.run_id, "prefill", i, "st")
-            for i in range(len(cfg.prefill_devices))
+            for i in range(len(cfg.engine_prefill_devices))
         } | {
             ("decode", i): shm_name(cfg.run_id, "decode", i, "st")
             for i in range(len(cfg.decode_devices))
@@ -50,6 +50,8 @@ class ClusterStats:
                     step_latency_s=s.step_latency_ema_s,
                     kv_bytes_per_token=s.kv_bytes_per_token,
                     pending_handoffs=s.pending_handoffs,
+                    num_received=s.num_received,
+                    prefill_backlog=s.prefill_backlog,
                 )
             )
         return ClusterView(prefill=roles["prefill"], decode=roles["decode"])

@@ -10,7 +10,8 @@ from pathlib import Path
 from bucketserve.scheduling.config import SchedulerConfig
 
 DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
-KNOWN_POLICIES = ("static", "fcfs", "distserve", "bucketserve", "bucketserve+")
+KNOWN_POLICIES = ("static", "fcfs", "distserve", "bucketserve", "bucketserve+", "edf")
+TOPOLOGIES = ("disaggregated", "colocated")  # "hybrid" (per-instance chunk budgets) is next
 DEFAULT_MODEL = "smollm2"
 MAX_REQUEST_BYTES_LIMIT = 64 * 1024 * 1024  # the front holds one body in memory per request
 
@@ -21,6 +22,10 @@ class ServeConfig:
 
     model: str = DEFAULT_MODEL
     policy: str = "bucketserve"
+    # disaggregated: prefill instances hand KV to decode instances; colocated: every
+    # instance (one per decode device) runs fused decode + prompt-chunk iterations, no hand-off
+    topology: str = "disaggregated"
+    chunk_tokens: int = 256  # tokens per fused iteration (colocated): decodes + prompt chunks
     prefill_devices: list[str] = field(default_factory=lambda: ["cpu"])
     decode_devices: list[str] = field(default_factory=lambda: ["cpu"])
     host: str = "127.0.0.1"
@@ -62,6 +67,12 @@ class ServeConfig:
             raise ValueError(
                 f"policy must be one of {', '.join(KNOWN_POLICIES)}; got {self.policy!r}"
             )
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(
+                f"topology must be one of {', '.join(TOPOLOGIES)}; got {self.topology!r}"
+            )
+        if not 16 <= self.chunk_tokens <= 65536:
+            raise ValueError(f"chunk_tokens must be in 16..65536, got {self.chunk_tokens}")
         for name in ("prefill_devices", "decode_devices"):
             devices = getattr(self, name)
             if not devices:
@@ -127,6 +138,16 @@ class ServeConfig:
             max_prefill_tokens=self.max_prefill_tokens,
             max_num_seqs=self.max_decode_batch,
         )
+
+    @property
+    def is_colocated(self) -> bool:
+        """Every instance prefills and decodes (no prefill models, no KV hand-off)."""
+        return self.topology == "colocated"
+
+    @property
+    def engine_prefill_devices(self) -> list[str]:
+        """Devices that run a prefill-only instance (none when colocated)."""
+        return [] if self.is_colocated else self.prefill_devices
 
     @property
     def run_path(self) -> Path:

@@ -26,16 +26,17 @@ class Delta:
 
 @dataclass(slots=True, eq=False)
 class Stream:
-    """Decode-side state of one request. `seq` is None until its KV is pulled (or it is
-    detached from its hand-off); `recompute` marks a sequence whose KV must be rebuilt here."""
+    """Decode-side state of one request: its engine Sequence (the Scheduler's), its text
+    stream, and whether its KV still waits in a prefill pool (`kv_pending`: not yet copied
+    and acknowledged)."""
 
     key: int
     handoff: Handoff
     seq: object = None
     text: TextStream | None = None
-    num_output: int = 0
     queued_s: float = field(default_factory=time.monotonic)
-    recompute: bool = False
+    kv_pending: bool = False
+    first_sent: bool = False
     done: bool = False
     logprobs: list[dict] = field(default_factory=list)  # not yet handed to the sender
 

@@ -11,7 +11,7 @@ from bucketserve.serving.config import ServeConfig
 def cpu_threads(cfg: ServeConfig) -> int:
     """Intra-op threads for one CPU engine: the cores split among the CPU engine instances, so
     prefill and decode running at once do not oversubscribe the machine (OpenMP spin-waits)."""
-    sharing = (cfg.prefill_devices + cfg.decode_devices).count("cpu")
+    sharing = (cfg.engine_prefill_devices + cfg.decode_devices).count("cpu")
     return max(1, (os.cpu_count() or 1) // max(1, sharing))
 
 
@@ -24,7 +24,7 @@ def build_runner(cfg: ServeConfig, device: str, pool_name: str):
     if device == "cpu":
         optional["num_threads"] = cpu_threads(cfg)
     if device.startswith("cuda"):  # instances sharing a GPU split its total memory
-        sharing = (cfg.prefill_devices + cfg.decode_devices).count(device)
+        sharing = (cfg.engine_prefill_devices + cfg.decode_devices).count(device)
         share = cfg.gpu_memory_utilization or round(0.9 / sharing, 3)
         optional["gpu_memory_utilization"] = share
     ecfg = EngineConfig(
@@ -58,7 +58,8 @@ def logprob_list(lp) -> list | None:
     return None if lp is None else [lp.logprob, lp.top_ids, lp.top_logprobs]
 
 
-def publish_stats(stats, runner, blocks, running: int, waiting: int, pending: int) -> None:
+def publish_stats(stats, runner, blocks, running: int, waiting: int, pending: int,
+                  received: int = 0, backlog: int = 0) -> None:  # fmt: skip
     """Write this instance's numbers to its shared-memory stats block (read by the scheduler)."""
     stats.publish(
         total_blocks=blocks.num_total_blocks,
@@ -71,4 +72,6 @@ def publish_stats(stats, runner, blocks, running: int, waiting: int, pending: in
         kv_bytes_per_token=runner.model_config.kv_bytes_per_token,
         heartbeat=time.time(),
         pending_handoffs=pending,
+        num_received=received,
+        prefill_backlog=backlog,
     )

@@ -210,13 +210,29 @@ class DecodeMetrics:
         self.recomputed = counter(
             "recomputed_tokens_total", "Tokens whose KV decode rebuilt after preemption", labels
         )
-        self._seen = (0, 0)
+        self.iterations = counter("iterations_total", "Engine iterations (forward passes)", labels)
+        self.mixed = counter(
+            "mixed_iterations_total",
+            "Iterations that carried both decode tokens and prefill-chunk tokens", labels,
+        )  # fmt: skip
+        self.prefill_tokens = counter(
+            "iteration_prefill_tokens_total", "Prompt (chunk) tokens run by iterations", labels
+        )
+        self.decode_tokens = counter(
+            "iteration_decode_tokens_total", "Decode tokens run by iterations", labels
+        )
+        self._seen = (0,) * 6
 
     def set(self, worker) -> None:
         """Catch the counters up with the decode worker's totals (read from another thread)."""
-        now = (worker.num_preemptions, worker.num_recomputed_tokens)
-        self.preemptions.increment(now[0] - self._seen[0])
-        self.recomputed.increment(now[1] - self._seen[1])
+        st = worker.runner.stats
+        now = (worker.num_preemptions, worker.num_recomputed_tokens,
+               st.num_prefill_steps + st.num_decode_steps, st.num_mixed_steps,
+               st.num_prefill_tokens, st.num_decode_tokens)  # fmt: skip
+        counters = (self.preemptions, self.recomputed, self.iterations, self.mixed,
+                    self.prefill_tokens, self.decode_tokens)  # fmt: skip
+        for c, new, old in zip(counters, now, self._seen, strict=True):
+            c.increment(new - old)
         self._seen = now
 
 
@@ -234,5 +250,5 @@ class PlacementMetrics:
         }
 
     def batch(self, prefill_id: str, decode_id: str, size: int) -> None:
-        self.placed[prefill_id].increment(size)
-        self.placed[decode_id].increment(size)
+        for instance in dict.fromkeys((prefill_id, decode_id)):  # colocated: one instance
+            self.placed[instance].increment(size)

@@ -56,7 +56,7 @@ def decode_step_model(cfg: ServeConfig) -> str:
 def copies(template: str, cfg: ServeConfig) -> list[tuple[str, dict[str, str]]]:
     """(model name, extra template vars) for each model rendered from one template folder."""
     if template in PER_DEVICE:
-        devices = getattr(cfg, f"{template}_devices")
+        devices = cfg.engine_prefill_devices if template == "prefill" else cfg.decode_devices
         return [
             (f"{template}_{i}", {"model_name": f"{template}_{i}", "instances": instance_group(d)})
             for i, d in enumerate(devices)

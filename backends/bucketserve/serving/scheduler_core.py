@@ -7,6 +7,13 @@ So N prefill instances run up to N batches at once, and the policy's view of eac
 exact: an instance is offered again only after its batch returned and its stats are current.
 Triton I/O is injected: `prefill(index, items)`, `send_handoff(sender, handoff)`,
 `send_error(sender, message, busy)`; `metrics` has decision/batch/placed methods.
+
+Colocated topology (`chunk_tokens` > 0): there is no prefill call. The policy sees one
+instance at a time as both its prefill and its decode side (least loaded first); a batch goes
+straight to that instance as hand-offs without KV, which it prefills in chunks inside its
+fused iterations. An instance is offered again once it has taken in everything sent to it and
+its prompt backlog is below one iteration's budget, so the policy's queue order (buckets,
+deadlines) still decides what runs next instead of the instance's FIFO.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.handoff import KIND_CANCELLED, KIND_GENERATE, KIND_STOP, Handoff
 
 ERROR_BACKOFF_S = 0.5  # after an unexpected error, before the loop tries again
+INTAKE_TIMEOUT_S = 5.0  # colocated: a batch not taken in by then (instance restarted) is forgotten
 IDLE_WAIT_S = 0.005
 METRICS_INTERVAL_S = 0.5
 
@@ -53,8 +61,11 @@ class SchedulerCore:
     """Owns the waiting table and the threads; every policy call happens under `cond`."""
 
     def __init__(self, sched, view: Callable[[], ClusterView | None], prefill, send_handoff,
-                 send_error, num_prefill: int, metrics) -> None:  # fmt: skip
+                 send_error, num_prefill: int, metrics, chunk_tokens: int = 0) -> None:  # fmt: skip
         self.sched, self.view, self.prefill = sched, view, prefill
+        self.chunk_tokens = chunk_tokens  # > 0: colocated instances, no prefill calls
+        self.sent: dict[int, int] = {}  # colocated: requests sent per instance
+        self.open: dict[int, tuple[PrefillBatch, float]] = {}  # batch not yet taken in
         self.send_handoff, self.send_error, self.metrics = send_handoff, send_error, metrics
         self.waiting: dict[str, Waiting] = {}
         self.by_user_id: dict[str, str] = {}
@@ -116,12 +127,16 @@ class SchedulerCore:
                 with self.cond:
                     if self.stopping:
                         return
-                    picked = self.next_batch()
+                    picked = self.next_colocated() if self.chunk_tokens else self.next_batch()
                     if picked is None:
                         self.cond.wait(IDLE_WAIT_S)
                         continue
-                    self.busy.add(picked[0].prefill_id)
-                self.jobs[instance_index(picked[0].prefill_id)].put(picked)
+                    if not self.chunk_tokens:
+                        self.busy.add(picked[0].prefill_id)
+                if self.chunk_tokens:
+                    self.send_prompts(*picked)
+                else:
+                    self.jobs[instance_index(picked[0].prefill_id)].put(picked)
             except Exception:  # the loop must outlive any one bad iteration
                 log.exception("scheduler loop")
                 time.sleep(ERROR_BACKOFF_S)
@@ -134,6 +149,42 @@ class SchedulerCore:
         view.prefill = [p for p in view.prefill if p.instance_id not in self.busy]
         if not view.prefill or not self.waiting:
             return None
+        return self.decide(view)
+
+    def next_colocated(self) -> tuple[PrefillBatch, list[Waiting]] | None:
+        """Offer each instance whose intake is open, least loaded first, to the policy."""
+        view = self.view()
+        if view is None:
+            return None
+        self.reject_unfittable(view)
+        for stats in sorted(view.decode, key=lambda s: (s.prefill_backlog, s.running)):
+            if self.intake_open(stats) and self.waiting:
+                picked = self.decide(ClusterView(prefill=[stats], decode=[stats]))
+                if picked is not None:
+                    return picked
+        return None
+
+    def intake_open(self, stats) -> bool:
+        """Colocated: the instance took in what was sent and has room in its next iteration;
+        the batch it absorbed reports its duration to the policy's latency model."""
+        index = instance_index(stats.instance_id)
+        batch, sent_s = self.open.get(index, (None, 0.0))
+        in_flight = stats.num_received < self.sent.get(index, 0)
+        if in_flight and time.monotonic() - sent_s < INTAKE_TIMEOUT_S:
+            return False
+        if stats.prefill_backlog >= self.chunk_tokens:
+            return False
+        if batch is not None:
+            del self.open[index]
+            duration = time.monotonic() - sent_s
+            self.sched.on_batch_done(batch, duration)
+            self.metrics.batch(batch.size, batch.padding_ratio, duration)
+        if in_flight:  # timed out: the instance restarted and lost them (their FINALs went out)
+            self.sent[index] = stats.num_received
+        return True
+
+    def decide(self, view: ClusterView) -> tuple[PrefillBatch, list[Waiting]] | None:
+        """Ask the policy for a batch over `view`; pops its requests from the waiting table."""
         t0 = time.perf_counter()
         batch = self.sched.next_batch(view)
         self.decision_s += time.perf_counter() - t0
@@ -164,6 +215,19 @@ class SchedulerCore:
             self.send_error(item.sender, message, True)
 
     # ---- dispatch -----------------------------------------------------------------------
+    def send_prompts(self, batch: PrefillBatch, items: list[Waiting]) -> None:
+        """Colocated: the batch's prompts go to its instance as hand-offs without KV."""
+        index = instance_index(batch.decode_id)
+        with self.cond:
+            self.sent[index] = self.sent.get(index, 0) + len(items)
+            self.open[index] = (batch, time.monotonic())
+        self.metrics.placed(batch.prefill_id, batch.decode_id, batch.size)
+        for item, meta in zip(items, batch.requests, strict=True):
+            self.send_handoff(item.sender, Handoff(
+                KIND_GENERATE, item.params, prompt_ids=item.ids, decode_index=index,
+                arrival_s=item.arrival_s, sched_key=meta.request_id,
+            ))  # fmt: skip
+
     def dispatch_loop(self, index: int) -> None:
         while (job := self.jobs[index].get()) is not None:
             batch, items = job

@@ -61,7 +61,7 @@ class Metrics:
 
     def __init__(self, cfg: ServeConfig) -> None:
         self.sched = SchedulerMetrics(cfg.policy)
-        instances = [f"prefill{i}" for i in range(len(cfg.prefill_devices))]
+        instances = [f"prefill{i}" for i in range(len(cfg.engine_prefill_devices))]
         instances += [f"decode{i}" for i in range(len(cfg.decode_devices))]
         self.placement = PlacementMetrics(instances)
         self.decision = self.sched.decision
@@ -82,7 +82,7 @@ class SchedulerModel:
         self.admission = Admission(self.cfg, max_model_len)  # bounded queue: busy beyond
         self.core = SchedulerCore(
             sched, self.cluster.view, call_prefill, send_handoff, send_error,
-            len(self.cfg.prefill_devices), Metrics(self.cfg),
+            len(self.cfg.engine_prefill_devices), Metrics(self.cfg), self.cfg.chunk_tokens if self.cfg.is_colocated else 0,
         )  # fmt: skip
         self.listener = FinishListener(
             socket_path(self.cfg.run_dir, self.cfg.run_id), self.core.finished

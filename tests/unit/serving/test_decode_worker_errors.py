@@ -19,16 +19,17 @@ from bucketserve.serving.handoff import KIND_GENERATE, Handoff
 class FlakyRunner:
     """Fails its first decode step, then returns token 7 for every sequence."""
 
-    model_config = SimpleNamespace(eos_token_ids=(2,))
+    model_config = SimpleNamespace(eos_token_ids=(2,), max_model_len=4096)
 
     def __init__(self) -> None:
         self.calls = 0
 
-    def decode_sampled(self, seqs):
+    def step_sampled(self, decodes, chunks):
         self.calls += 1
         if self.calls == 1:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return SampleOutput([7] * len(seqs), [None] * len(seqs))
+        rows = decodes + [c.seq for c in chunks if c.is_last]
+        return SampleOutput([7] * len(rows), [None] * len(rows))
 
 
 def make_worker():
@@ -37,16 +38,16 @@ def make_worker():
     return worker, blocks, outbox
 
 
-def running_stream(key: int, blocks: BlockManager) -> Stream:
-    seq = Sequence([1, 2, 3, 4, 5])
-    blocks.allocate_for(seq, 12)
+def running_stream(worker: DecodeWorker, key: int) -> Stream:
+    """A request decoding on `worker` (its prompt's KV computed, blocks held)."""
+    params = SamplingParams(max_tokens=8)
+    seq = Sequence([1, 2, 3, 4, 5], params, seq_id=key, num_computed_tokens=4)
     text = SimpleNamespace(push=lambda token: ("x", False), flush=lambda: "")  # detokenizer stub
-    return Stream(
-        key,
-        Handoff(KIND_GENERATE, GenerateParams(sampling=SamplingParams(max_tokens=8))),
-        seq=seq,
-        text=text,
-    )
+    s = Stream(key, Handoff(KIND_GENERATE, GenerateParams(sampling=params)), seq=seq, text=text)
+    s.first_sent = True
+    worker.streams[key] = s
+    worker.scheduler.add(seq)
+    return s
 
 
 def drain(outbox: queue.Queue) -> list:
@@ -58,14 +59,15 @@ def drain(outbox: queue.Queue) -> list:
 
 def test_failed_step_finishes_the_batch_with_errors():
     worker, blocks, outbox = make_worker()
-    worker.running = [running_stream(1, blocks), running_stream(2, blocks)]
-    worker.step()
+    worker.publish = lambda: None
+    running_stream(worker, 1), running_stream(worker, 2)
+    worker.iterate()
     finals = drain(outbox)
     assert [(d.key, d.finish_reason) for d in finals] == [(1, "error"), (2, "error")]
     assert all("decode step failed: RuntimeError: CUDA error" in d.error for d in finals)
-    assert worker.running == [] and blocks.num_free_blocks == 32
-    worker.running = [running_stream(3, blocks)]  # the next batch runs normally
-    worker.step()
+    assert worker.scheduler.running == [] and blocks.num_free_blocks == 32
+    running_stream(worker, 3)  # the next batch runs normally
+    worker.iterate()
     (delta,) = drain(outbox)
     assert (delta.key, delta.text, delta.finish_reason, delta.num_output_tokens) == (3, "x", "", 1)
 
@@ -73,13 +75,13 @@ def test_failed_step_finishes_the_batch_with_errors():
 def test_failed_pull_fails_that_request_only():
     worker, blocks, outbox = make_worker()
     params = GenerateParams(sampling=SamplingParams(max_tokens=4), num_input_tokens=3)
-    bad = Handoff(KIND_GENERATE, params, prompt_ids=[1, 2, 3], first_token=5,
+    bad = Handoff(KIND_GENERATE, params, prompt_ids=[1, 2, 3], first_token=5, prefill_index=0,
                   pool='{"not": "a pool handle"}', block_ids=[0])  # fmt: skip
+    worker.publish = lambda: None
     worker.submit(9, bad)
-    worker.drain_inbox(block=False)
-    worker.admit()
+    worker.iterate()
     (final,) = drain(outbox)
     assert (final.key, final.finish_reason) == (9, "error")
     assert final.error.startswith("decode could not pull the KV: ")
-    assert len(worker.waiting) == 0 and worker.running == []
+    assert not worker.scheduler.has_work
     assert blocks.num_free_blocks == 32

@@ -26,32 +26,28 @@ def next_token(ids: list[int]) -> int:
 class ContextRunner:
     """Greedy fake engine; checks that every step sees KV blocks for every stored token."""
 
-    model_config = SimpleNamespace(eos_token_ids=(2,))
+    model_config = SimpleNamespace(eos_token_ids=(2,), max_model_len=4096)
     pool, device = None, "cpu"
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.prefills = 0
+        self.prefills = 0  # prompt chunks run
+        self.mixed = 0  # steps with decodes and chunks
 
     def _check(self, seq) -> None:
         assert len(seq.block_table) * self.block_size >= seq.num_tokens, "KV slot missing"
 
-    def prefill(self, seqs):
-        self.prefills += 1
-        for s in seqs:
+    def step_sampled(self, decodes, chunks):
+        self.prefills += len(chunks)
+        self.mixed += bool(decodes and chunks)
+        for s in decodes:
             self._check(s)
-        return [next_token(s.token_ids) for s in seqs]
-
-    def decode(self, seqs):
-        for s in seqs:
-            self._check(s)
-        return [next_token(s.token_ids) for s in seqs]
-
-    def prefill_sampled(self, seqs):
-        return SampleOutput(self.prefill(seqs), [None] * len(seqs))
-
-    def decode_sampled(self, seqs):
-        return SampleOutput(self.decode(seqs), [None] * len(seqs))
+            assert s.num_computed_tokens == s.num_tokens - 1, "decode over missing KV"
+        for c in chunks:
+            self._check(c.seq)
+            assert c.start == c.seq.num_computed_tokens, "chunk does not continue its prefix"
+        rows = decodes + [c.seq for c in chunks if c.is_last]
+        return SampleOutput([next_token(s.token_ids) for s in rows], [None] * len(rows))
 
 
 class Words:
@@ -75,20 +71,25 @@ def no_shared_memory(monkeypatch):
     monkeypatch.setattr(KvIntake, "ack", lambda self, h: True)
 
 
-def handoff(prompt: list[int], max_tokens: int) -> Handoff:
+def handoff(prompt: list[int], max_tokens: int, with_kv: bool = True) -> Handoff:
+    """A prefill hand-off (KV in a prefill pool), or a bare prompt (colocated)."""
     params = GenerateParams(
         sampling=SamplingParams(max_tokens=max_tokens), num_input_tokens=len(prompt)
     )
+    if not with_kv:
+        return Handoff(KIND_GENERATE, params, prompt_ids=prompt)
     return Handoff(KIND_GENERATE, params, prompt_ids=prompt, first_token=next_token(prompt),
-                   block_ids=list(range(-(-len(prompt) // 4))))  # fmt: skip
+                   prefill_index=0, block_ids=list(range(-(-len(prompt) // 4))))  # fmt: skip
 
 
-def run(num_blocks: int, prompts: list[list[int]], max_tokens: int, timeout_s: float = 30.0):
+def run(num_blocks: int, prompts: list[list[int]], max_tokens: int, timeout_s: float = 30.0,
+        with_kv: bool = True, token_budget: int = 4096):  # fmt: skip
     blocks, outbox = BlockManager(num_blocks, 4), queue.Queue()
-    worker = DecodeWorker(ContextRunner(4), blocks, None, None, outbox, timeout_s, watermark=0.0)
+    worker = DecodeWorker(ContextRunner(4), blocks, None, None, outbox, timeout_s, watermark=0.0,
+                          token_budget=token_budget)  # fmt: skip
     worker.publish = lambda: None
     for key, prompt in enumerate(prompts):
-        worker.submit(key, handoff(prompt, max_tokens))
+        worker.submit(key, handoff(prompt, max_tokens, with_kv))
     texts: dict[int, str] = {}
     finals = {}
     for _ in range(10_000):
@@ -145,4 +146,26 @@ def test_decode_batch_cap():
     for key, prompt in enumerate(PROMPTS):
         worker.submit(key, handoff(prompt, 50))
     worker.iterate()
-    assert len(worker.running) == 2 and len(worker.waiting) == 2
+    assert len(worker.scheduler.running) == 2 and len(worker.scheduler.waiting) == 2
+
+
+LONG = [list(range(3, 3 + n)) for n in (1, 9, 23, 40)]
+
+
+@pytest.mark.parametrize("budget", [4, 7, 64])
+def test_colocated_prompts_chunked_fused_with_decodes_give_the_same_text(budget):
+    """Bare prompts prefilled here in chunks of the token budget, fused with the running
+    decodes, produce exactly what prefill hand-offs produce; nothing leaks."""
+    _, _, reference, ref_finals = run(64, LONG, max_tokens=8)
+    worker, blocks, texts, finals = run(64, LONG, max_tokens=8, with_kv=False, token_budget=budget)
+    assert texts == reference
+    assert {k: d.num_output_tokens for k, d in finals.items()} == {k: 8 for k in range(4)}
+    assert worker.runner.prefills > len(LONG) or budget == 64  # long prompts ran in pieces
+    assert worker.runner.mixed > 0 and blocks.num_free_blocks == 64
+
+
+def test_colocated_prompts_under_preemption_keep_their_text():
+    _, _, reference, _ = run(64, LONG, max_tokens=10)
+    worker, blocks, texts, _ = run(14, LONG, max_tokens=10, with_kv=False, token_budget=8)
+    assert worker.num_preemptions > 0 and texts == reference
+    assert blocks.num_free_blocks == 14
