@@ -15,11 +15,11 @@ pytestmark = pytest.mark.server
 POOL_GB = 48 * 16 * 512 / 2**30  # dummy:tiny stores 512 bytes per token: 48 blocks of 16 tokens
 
 
-@pytest.fixture(scope="module")
-def small_pool(tmp_path_factory):
+@pytest.fixture(scope="module", params=["disaggregated", "colocated"])
+def small_pool(tmp_path_factory, request):
     srv = start_server(  # the engine insists on one max_model_len sequence per pool
         tmp_path_factory, model="dummy:tiny", kv_cache_gb=POOL_GB, max_model_len=48 * 16,
-        preprocessing_instances=1,
+        preprocessing_instances=1, topology=request.param, chunk_tokens=64,
     )  # fmt: skip
     yield srv
     srv.stop()
