@@ -11,7 +11,7 @@ import threading
 import time
 
 import torch
-from common import device, emit, on_gpu
+from bucketserve.bench.device import device, emit, on_gpu
 
 BLOCK = 16
 
