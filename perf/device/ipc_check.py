@@ -40,7 +40,8 @@ def consumer(handle_json: str, jobs: list[list[int]], out) -> None:
     results = []
 
     def work() -> None:
-        torch.empty(1, device=device())  # CUDA context first (docs/platform-notes.md#p7-cuda-context-before-ipc-open)
+        # CUDA context first: docs/platform-notes.md#p7-cuda-context-before-ipc-open
+        torch.empty(1, device=device())
         handle = PoolHandle.from_json(handle_json)
         src = open_pool(handle)
         shape = list(handle.shape)

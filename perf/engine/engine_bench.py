@@ -23,7 +23,8 @@ from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.engine.sequence import Sequence
 from bucketserve.engine.shapes import DUMMY_SHAPES
 
-GPU_BANDWIDTH = 4.3e12  # B/s, H200 device-to-device copy (docs/measurements.md#reference-numbers-h200-one-gpu)
+# B/s, H200 device-to-device copy: docs/measurements.md#reference-numbers-h200-one-gpu
+GPU_BANDWIDTH = 4.3e12
 
 
 @dataclass(slots=True)
