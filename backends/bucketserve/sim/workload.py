@@ -9,7 +9,7 @@ docs/scheduling.md's tables were computed with them:
   the model context minus max_tokens (4096 - 512 = 3584 for Llama-2), so ~99.9 % hit the cap.
 * Outputs (our assumption; the paper gives none): Alpaca median 96 / mean 128, LongBench
   median 256 / mean 300 tokens, capped at max_tokens = 512, at least 2.
-The simulator draws them raw and clips them to its own spec (`LengthDist.draw`).
+  (The simulator draws them raw, `LengthDist.draw`, and clips them to its spec as above.)
 * Mixed: each request is LongBench-like with probability long_fraction (default 0.1, the
   paper-scale tables; the CPU load runs use 0.2, bench.workloads.MIXED_LONG_SHARE).
 SLO class: every request `slo_class`, or offline with probability offline_fraction (drawn
