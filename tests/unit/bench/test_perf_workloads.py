@@ -87,3 +87,17 @@ def test_requests_are_deterministic_for_a_seed(text):
     c = build_requests(wl, 10, seed=6, text=text)
     assert [r.prompt for r in a] == [r.prompt for r in b]
     assert [r.prompt for r in a] != [r.prompt for r in c]
+
+
+def test_the_simulator_and_the_load_generator_share_one_length_model():
+    from bucketserve.bench import workloads
+    from bucketserve.sim import workload as sim
+
+    paper = {name: workloads.source(name, "paper") for name in ("alpaca", "longbench")}
+    assert sim.ALPACA_PROMPT is paper["alpaca"].input
+    assert sim.ALPACA_OUTPUT is paper["alpaca"].output
+    assert sim.LONGBENCH_PROMPT is paper["longbench"].input
+    assert sim.LONGBENCH_OUTPUT is paper["longbench"].output
+    # the cpu profile scales the shared outputs: Alpaca median 12 / mean 16 as measured runs drew
+    cpu = workloads.source("alpaca", "cpu").output
+    assert (cpu.median, cpu.mean) == (12, 16)

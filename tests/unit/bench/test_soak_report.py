@@ -1,8 +1,15 @@
-"""The soak report's RSS arithmetic: growth from warm-up, and over the run's second half."""
+"""The soak report's RSS arithmetic (growth from warm-up, over the second half) and its files."""
 
 from __future__ import annotations
 
-from bucketserve.bench.soak_report import in_flight_peaks, rss_growth, second_half_growth
+import json
+
+from bucketserve.bench.soak_report import (
+    in_flight_peaks,
+    rss_growth,
+    second_half_growth,
+    write_report,
+)
 
 
 def sample(t: float, rss: int, private: int) -> tuple[float, dict]:
@@ -33,3 +40,12 @@ def test_in_flight_peaks_split_at_the_end_of_warm_up():
     assert in_flight_peaks(spans, t_warm=6.0) == {"warm_up": 3, "after": 2}
     assert in_flight_peaks(spans, t_warm=2.5) == {"warm_up": 3, "after": 3}  # still 3 at 2.5
     assert in_flight_peaks([], t_warm=1.0) == {"warm_up": 0, "after": 0}
+
+
+def test_per_request_rows_go_to_requests_jsonl_and_the_summaries_keep_the_rest(tmp_path):
+    rows = [{"idx": 0, "outcome": "finished"}, {"idx": 1, "outcome": "cancelled"}]
+    write_report({"sent": 2, "requests": rows, "args": {"seed": 0}}, tmp_path)
+    lines = (tmp_path / "requests.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == rows
+    assert json.loads((tmp_path / "report.json").read_text()) == {"sent": 2, "args": {"seed": 0}}
+    assert '"sent": 2' in (tmp_path / "report.md").read_text()
