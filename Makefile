@@ -34,7 +34,7 @@ lint: setup
 	$(VENV)/bin/ruff check --fix backends client tests perf
 
 engine-bench: setup
-	$(PY) perf/engine_bench.py $(ARGS)
+	$(PY) perf/engine/engine_bench.py $(ARGS)
 
 simulate: setup
 	$(VENV)/bin/bucketserve simulate $(ARGS)
@@ -47,7 +47,7 @@ bench-tools:
 	  perf/.aiperf-venv/bin/pip install -q aiperf==0.13.0; }
 
 bench-smoke: setup
-	$(PY) perf/compare.py --smoke $(ARGS)
+	$(PY) perf/load/compare.py --smoke $(ARGS)
 
 clean:
 	rm -rf $(VENV) .run .cache

@@ -12,7 +12,7 @@ import tempfile
 import time
 
 import torch
-from common import device, emit, on_gpu, sync
+from bucketserve.bench.device import device, emit, on_gpu, sync
 
 GPU_DIMS = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                 num_key_value_heads=8, vocab_size=128256)  # fmt: skip

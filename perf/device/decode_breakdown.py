@@ -10,7 +10,7 @@ import gc
 import time
 
 import torch
-from common import device, emit, median_s, on_gpu, sync
+from bucketserve.bench.device import device, emit, median_s, on_gpu, sync
 
 BLOCK = 16
 

@@ -8,7 +8,7 @@ import platform
 import shutil
 
 import torch
-from common import emit, on_gpu
+from bucketserve.bench.device import emit, on_gpu
 
 
 def _version(name: str, dist: str | None = None) -> str | None:

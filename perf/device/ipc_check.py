@@ -11,7 +11,7 @@ import threading
 import time
 
 import torch
-from common import device, emit, on_gpu
+from bucketserve.bench.device import device, emit, on_gpu
 
 BLOCK = 16
 
@@ -40,7 +40,8 @@ def consumer(handle_json: str, jobs: list[list[int]], out) -> None:
     results = []
 
     def work() -> None:
-        torch.empty(1, device=device())  # CUDA context first (platform fact 7)
+        # CUDA context first: docs/platform-notes.md#p7-cuda-context-before-ipc-open
+        torch.empty(1, device=device())
         handle = PoolHandle.from_json(handle_json)
         src = open_pool(handle)
         shape = list(handle.shape)

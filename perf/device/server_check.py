@@ -9,7 +9,7 @@ import socket
 import tempfile
 import time
 
-from common import device, emit, on_gpu, skipped
+from bucketserve.bench.device import device, emit, on_gpu, skipped
 
 
 def free_port() -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import torch
-from common import emit, on_gpu, skipped
+from bucketserve.bench.device import emit, on_gpu, skipped
 
 
 def instance(rank: int, barrier, out) -> None:

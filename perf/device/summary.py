@@ -1,4 +1,4 @@
-"""Summarise a perf/device_check.sh run: $OUT/summary.json and summary.txt; exit status 1 when
+"""Summarise a perf/device/device_check.sh run: $OUT/summary.json and summary.txt; exit status 1 when
 a step failed, timed out or reported ok=false."""
 
 from __future__ import annotations

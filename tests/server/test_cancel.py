@@ -114,7 +114,7 @@ def test_grpc_cancel_on_bls(server):
 def test_http_disconnect(server, model):
     """The front stops a request whose HTTP client left (a `stop` request with its id), so
     decoding ends on the ensemble too (Triton cancels a running ensemble step only between
-    steps, DESIGN)."""
+    steps: docs/platform-notes.md#p19-ensemble-cancellation-stops-between-steps)."""
     url = f"http://{server.http_url}/v2/models/{model}/generate_stream"
     started = threading.Barrier(N + 1, timeout=300)
     release = threading.Event()

@@ -81,7 +81,10 @@ def test_oversize_bodies_get_413_and_the_server_keeps_serving(svc, size):
 
 
 def test_form_encoded_body_under_the_limit_is_served(svc):
-    """What `curl -d` sends: Triton crashed on it above ~4 MB (fact 11); now read as JSON."""
+    """What `curl -d` sends: Triton crashed on it above ~4 MB; now read as JSON.
+
+    docs/platform-notes.md#p11-large-form-body-crash
+    """
     body = json.dumps({"text_input": "Hi", "max_tokens": 4})
     r = requests.post(url(svc, G), data=body, headers={"Content-Type": FORM}, timeout=120)
     assert r.status_code == 200 and r.json()["text_output"]

@@ -1,14 +1,9 @@
-"""The short soak: perf/soak.py for one minute at 2x measured capacity with 10 % cancellations."""
+"""The short soak: perf/reliability/soak.py for one minute at 2x measured capacity with 10 % cancellations."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "perf"))
-import soak  # noqa: E402
+from bucketserve.bench import soak
 
 pytestmark = [pytest.mark.server, pytest.mark.soak, pytest.mark.timeout(1200)]
 

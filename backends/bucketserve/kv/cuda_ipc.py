@@ -55,7 +55,8 @@ def open_exported(info: CudaIpcInfo, device: torch.device) -> torch.Tensor:
         raise RuntimeError("cannot open a cuda_ipc pool: no CUDA device in this process")
     index = device.index if device.index is not None else torch.cuda.current_device()
     local = torch.device("cuda", index)
-    # Platform fact 7: _new_shared_cuda segfaults unless this process already has a CUDA context.
+    # _new_shared_cuda segfaults unless this process already has a CUDA context
+    # (docs/platform-notes.md#p7-cuda-context-before-ipc-open).
     torch.empty(1, device=local)
     storage = torch.UntypedStorage._new_shared_cuda(
         index,

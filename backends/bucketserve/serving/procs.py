@@ -1,7 +1,7 @@
 """Process bookkeeping for supervision: subreaper, parent-death signals, stub discovery, shm sweep.
 
-Fact 18 (DESIGN.md): when tritonserver dies its Python stubs may live on as orphans. Three layers
-stop that: the launcher is a child subreaper (orphans come back to it, not to pid 1, and it kills
+When tritonserver dies its Python stubs may live on as orphans (docs/platform-notes.md#p18-orphaned-stubs).
+Three layers stop that: the launcher is a child subreaper (orphans come back to it, not to pid 1, and it kills
 them), tritonserver gets SIGKILL when the launcher dies (PR_SET_PDEATHSIG survives the exec of
 tritonserver itself), and every stub starts a watchdog that kills it once its parent is gone (the death
 signal does not reach the stubs: Triton forks them, and the setting is cleared on fork).

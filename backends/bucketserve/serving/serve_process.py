@@ -1,4 +1,4 @@
-"""`bucketserve serve` as a child process, for the fault tests and perf/soak.py.
+"""`bucketserve serve` as a child process, for the fault tests and perf/reliability/soak.py.
 
 They need the real thing: signals go to the real launcher, the front and the supervisor run as
 in production, and the processes it starts can be found and killed by their command lines.

@@ -1,6 +1,7 @@
 """Supervision: keep tritonserver and every Python stub alive, restart the server when one dies.
 
-A dead stub stays dead in Triton 2.51 and its in-flight requests hang (DESIGN fact 12), so any
+A dead stub stays dead in Triton 2.51 and its in-flight requests hang
+(docs/platform-notes.md#p12-dead-stub-stays-dead), so any
 death is answered the same way: mark the server degraded (the front says not-ready and names the
 cause), SIGKILL the whole server (which closes every client connection: nothing hangs), free its
 shared memory, and start it again with exponential backoff.

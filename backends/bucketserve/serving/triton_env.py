@@ -52,7 +52,10 @@ def _pypi_triton() -> TritonInstall:
 
 
 def assemble_backends(install: TritonInstall, run_dir: Path) -> Path:
-    """A backend folder = the Python backend plus the stub for the running Python (DESIGN fact 2)."""
+    """A backend folder = the Python backend plus the stub for the running Python.
+
+    docs/platform-notes.md#p2-backend-folder-and-library-path
+    """
     if install.stub is None:
         return install.python_backend.parent
     dst = run_dir / "backends" / "python"
@@ -77,7 +80,10 @@ GLIBC_MALLOC = {"MALLOC_ARENA_MAX": "2"}
 
 
 def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The stub takes sys.path from the first python3 on PATH (DESIGN fact 3): put ours first."""
+    """The stub takes sys.path from the first python3 on PATH: put ours first.
+
+    docs/platform-notes.md#p3-stub-path-from-path (and p2: the library path, p5: libpython)
+    """
     env = dict(os.environ)
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])

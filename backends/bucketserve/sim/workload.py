@@ -1,13 +1,17 @@
 """Synthetic workloads: Alpaca-like, LongBench-like and Mixed lengths; Poisson or bursty arrivals.
 
-Stated distributions (lognormal, parameters from median and mean: mu = ln median,
-sigma^2 = 2 ln(mean / median)):
+The length distributions are the one workload model in bucketserve.bench.workloads, which the
+load generator draws from too (lognormal, parameters from median and mean: mu = ln median,
+sigma^2 = 2 ln(mean / median)); these are the simulator's numbers, kept as they were because
+docs/scheduling.md's tables were computed with them:
 * Alpaca prompts: median 69, mean 83.7 tokens (the paper's statistics).
 * LongBench prompts: median 41,417, mean 55,749.3 (the paper's statistics), then truncated to
   the model context minus max_tokens (4096 - 512 = 3584 for Llama-2), so ~99.9 % hit the cap.
 * Outputs (our assumption; the paper gives none): Alpaca median 96 / mean 128, LongBench
   median 256 / mean 300 tokens, capped at max_tokens = 512, at least 2.
-* Mixed: each request is LongBench-like with probability long_fraction (default 0.1).
+  (The simulator draws them raw, `LengthDist.draw`, and clips them to its spec as above.)
+* Mixed: each request is LongBench-like with probability long_fraction (default 0.1, the
+  paper-scale tables; the CPU load runs use 0.2, bench.workloads.MIXED_LONG_SHARE).
 SLO class: every request `slo_class`, or offline with probability offline_fraction (drawn
 from a second seeded stream, so lengths and arrival times do not change with it).
 Arrivals: Poisson, or Gamma inter-arrival times with CV > 1 (bursty).
@@ -20,26 +24,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bucketserve.bench.workloads import (
+    ALPACA_OUTPUT,
+    ALPACA_PROMPT,
+    LONGBENCH_OUTPUT,
+    LONGBENCH_PROMPT,
+)
 from bucketserve.scheduling import RequestMeta
 
 WORKLOADS = ("alpaca", "longbench", "mixed")
 ARRIVALS = ("poisson", "gamma")
-
-
-@dataclass(slots=True, frozen=True)
-class LogNormal:
-    median: float
-    mean: float
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        sigma = math.sqrt(2.0 * math.log(self.mean / self.median))
-        return rng.lognormal(math.log(self.median), sigma, n)
-
-
-ALPACA_PROMPT = LogNormal(69, 83.7)
-ALPACA_OUTPUT = LogNormal(96, 128)
-LONGBENCH_PROMPT = LogNormal(41417, 55749.3)
-LONGBENCH_OUTPUT = LogNormal(256, 300)
 
 
 @dataclass(slots=True)
@@ -131,8 +125,8 @@ def _lengths(
     n = spec.num_requests
     share = {"alpaca": 0.0, "longbench": 1.0, "mixed": spec.long_fraction}[spec.name]
     is_long = rng.random(n) < share
-    prompt = np.where(is_long, LONGBENCH_PROMPT.sample(rng, n), ALPACA_PROMPT.sample(rng, n))
-    out = np.where(is_long, LONGBENCH_OUTPUT.sample(rng, n), ALPACA_OUTPUT.sample(rng, n))
+    prompt = np.where(is_long, LONGBENCH_PROMPT.draw(rng, n), ALPACA_PROMPT.draw(rng, n))
+    out = np.where(is_long, LONGBENCH_OUTPUT.draw(rng, n), ALPACA_OUTPUT.draw(rng, n))
     prompt = np.clip(np.rint(prompt), 1, spec.prompt_cap).astype(int)
     out = np.clip(np.rint(out), 2, spec.max_tokens).astype(int)
     return prompt, out, is_long

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from bucketserve.bench.ablations import ablation_targets
 from bucketserve.serving.cli import main as cli_main
 from bucketserve.serving.cli import serve_config
 from bucketserve.serving.config import ServeConfig
-
-PERF = Path(__file__).resolve().parents[3] / "perf"
 
 
 def test_scheduler_overrides_reach_the_scheduler_config(tmp_path):
@@ -48,11 +44,7 @@ def test_cli_scheduler_json_reaches_serve_config(monkeypatch):
     assert serve_config(seen["a"]).scheduler == {"enable_priority": False}
 
 
-def test_every_ablation_has_a_switch(monkeypatch):
-    monkeypatch.syspath_prepend(str(PERF))
-    sys.modules.pop("ablations", None)
-    from ablations import ablation_targets
-
+def test_every_ablation_has_a_switch():
     targets, notes = ablation_targets()
     assert {t.label: t.overrides for t in targets} == {
         "bucketserve-no-bucketing": {"scheduler": {"enable_bucketing": False}},

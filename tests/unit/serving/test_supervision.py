@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -41,6 +42,14 @@ def test_stub_watchdog_kills_a_process_whose_parent_died():
     parent.kill()
     parent.wait()
     assert wait_gone(child, 5.0)
+
+
+def test_every_model_shim_starts_the_stub_watchdog():
+    """docs/platform-notes.md#p18-orphaned-stubs: each Python model's stub watches its parent."""
+    repo = Path(__file__).resolve().parents[3] / "model_repository"
+    shims = sorted(repo.glob("*/1/model.py"))
+    assert len(shims) >= 8
+    assert [str(p) for p in shims if "\nexit_when_orphaned()" not in p.read_text()] == []
 
 
 def test_stub_watchdog_holds_while_the_parent_lives():

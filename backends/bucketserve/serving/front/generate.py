@@ -15,12 +15,13 @@ import json
 from collections.abc import AsyncIterator
 
 import grpc
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from tritonclient.grpc import InferResult
+
 from bucketserve.serving.front.generate_json import input_specs, tensor, to_request, to_response
 from bucketserve.serving.front.grpc_mux import Broken, StreamPool
 from bucketserve.serving.front.health import Health
 from bucketserve.serving.front.metrics import FrontMetrics
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from tritonclient.grpc import InferResult
 
 BUSY_MARK = "server busy"
 SSE = "text/event-stream; charset=utf-8"

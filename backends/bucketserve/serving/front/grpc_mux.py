@@ -17,8 +17,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 import grpc
-from bucketserve.serving.front.generate_json import Tensor, to_proto
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from bucketserve.serving.front.generate_json import Tensor, to_proto
 
 UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 FINAL_PARAMS = {"triton_enable_empty_final_response": True}  # the FINAL flag comes alone too

@@ -1,7 +1,9 @@
 """Checks a request must pass before it reaches Triton 2.51's HTTP front end (which can crash).
 
 Each rule here answers a crash or hang found by trying it against a bare tritonserver
-(tests/server/test_faults_http.py keeps every one of them honest against the real server).
+(docs/platform-notes.md#p11-large-form-body-crash, #p20-deeply-nested-json-crash);
+tests/server/test_faults.py keeps every one of them honest against the real server, and
+tests/unit/serving/test_front_guard.py checks each rule.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# Triton reads every inference body as JSON; only its form-body parsing crashes (fact 11)
+# Triton reads every inference body as JSON; only its form-body parsing crashes
+# (docs/platform-notes.md#p11-large-form-body-crash)
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 # Triton's JSON parser recurses per level and crashes (SIGSEGV) on a ~400 KB body of nested
-# brackets; a real request nests ~6 levels (inputs -> tensor -> data rows of a shaped tensor).
+# brackets (docs/platform-notes.md#p20-deeply-nested-json-crash); a real request nests ~6
+# levels (inputs -> tensor -> data rows of a shaped tensor).
 MAX_JSON_DEPTH = 32
 DROP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te"}
 

@@ -6,6 +6,7 @@ import threading
 import time
 
 import uvicorn
+
 from bucketserve.serving.front.app import Front
 
 START_TIMEOUT_S = 30.0

@@ -1,0 +1,1 @@
+"""The public HTTP front: one process in front of Triton (guard, generate over gRPC, health, metrics)."""

@@ -1,0 +1,138 @@
+"""Burst check: N concurrent long `generate` requests against the default server.
+
+Starts the default server (SmolLM2 on CPU, one prefill and one decode instance, policy
+bucketserve; --prefill / --decode change the instance counts) on free ports unless --url is
+given, fires every burst at once, and prints per
+burst: served / failed (with HTTP status and message), wall time, output tokens, preemptions
+and recomputed tokens (from /metrics, the difference over the burst), and whether every KV
+block came back afterwards. Seeded (each request's `seed` is base seed + index).
+
+    nice -n 10 .venv/bin/python perf/load/burst.py --bursts 24,64 --max-tokens 1800
+    nice -n 10 .venv/bin/python perf/load/burst.py --bursts 16 --max-tokens 256 --decode 2  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import socket
+import sys
+import tempfile
+import time
+
+import requests
+
+PROMPTS = (
+    "Write a long, detailed story about a lighthouse keeper who finds a map.",
+    "Explain, step by step and at length, how a compiler turns source code into a program.",
+    "Describe a journey across a desert, day by day, with every detail you can imagine.",
+    "Write an essay on the history of mathematics, from counting to calculus.",
+)
+COUNTERS = ("bucketserve_preemptions_total", "bucketserve_recomputed_tokens_total")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metric(text: str, name: str, instance: str | None = None) -> float:
+    """Sum of one metric's samples (optionally of one instance) in a Prometheus scrape."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and (instance is None or f'"{instance}"' in line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def one(url: str, i: int, args) -> dict:
+    body = {"text_input": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens,
+            "temperature": args.temperature, "seed": args.seed + i}  # fmt: skip
+    start = time.monotonic()
+    r = requests.post(f"http://{url}/v2/models/{args.model}/generate", json=body, timeout=3600)
+    out = {"status": r.status_code, "seconds": time.monotonic() - start}
+    data = r.json()
+    out |= {"tokens": data["num_output_tokens"]} if r.ok else {"error": data.get("error", r.text)}
+    print(json.dumps({"request": i, **out}), file=sys.stderr, flush=True)  # progress
+    return out
+
+
+def kv_back(metrics_url: str, timeout_s: float = 60.0) -> tuple[bool, str]:
+    end = time.monotonic() + timeout_s
+    while True:
+        text = requests.get(metrics_url, timeout=10).text
+        free = metric(text, "bucketserve_kv_blocks_free")
+        total = metric(text, "bucketserve_kv_blocks_total")
+        if (free == total and total > 0) or time.monotonic() > end:
+            return free == total, f"{free:.0f}/{total:.0f}"
+        time.sleep(0.25)
+
+
+def burst(url: str, metrics_url: str, n: int, args) -> dict:
+    before = requests.get(metrics_url, timeout=10).text
+    start = time.monotonic()
+    with cf.ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(lambda i: one(url, i, args), range(n)))
+    wall = time.monotonic() - start
+    ok, blocks = kv_back(metrics_url)
+    after = requests.get(metrics_url, timeout=10).text
+    served = [r for r in results if r["status"] == 200]
+    row = {"concurrency": n, "served": len(served), "failed": n - len(served),
+           "wall_s": round(wall, 1), "output_tokens": sum(r["tokens"] for r in served),
+           "tokens_per_s": round(sum(r["tokens"] for r in served) / wall, 1),
+           "kv_free_after": blocks, "kv_all_back": ok}  # fmt: skip
+    for name in COUNTERS:
+        row[name.removeprefix("bucketserve_")] = metric(after, name) - metric(before, name)
+    row["errors"] = sorted({f"{r['status']}: {r['error']}" for r in results if "error" in r})
+    return row
+
+
+def start_server(args):
+    """The default server, or with --serve-model / --prefill / --decode changed."""
+    from bucketserve.serving.config import ServeConfig
+    from bucketserve.serving.launcher import TritonServer
+
+    cfg = ServeConfig(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), openai_port=free_port(),
+                      run_dir=tempfile.mkdtemp(prefix="burst-"), model=args.serve_model,
+                      prefill_devices=["cpu"] * args.prefill,
+                      decode_devices=["cpu"] * args.decode)  # fmt: skip
+    server = TritonServer(cfg)
+    server.start()
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", default=None, help="HTTP host:port of a running server")
+    p.add_argument("--metrics-url", default=None, help="with --url: http://host:port/metrics")
+    p.add_argument("--model", default="bucketserve")
+    p.add_argument("--bursts", default="24,64", help="comma-separated concurrencies")
+    p.add_argument("--max-tokens", type=int, default=1800)
+    p.add_argument("--temperature", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--serve-model", default="smollm2", help="without --url: the model to serve")
+    p.add_argument("--prefill", type=int, default=1, help="without --url: CPU prefill instances")
+    p.add_argument("--decode", type=int, default=1, help="without --url: CPU decode instances")
+    args = p.parse_args(argv)
+    server = None if args.url else start_server(args)
+    url = args.url or server.http_url
+    metrics_url = args.metrics_url or server.metrics_url
+    try:
+        one(url, 0, argparse.Namespace(**{**vars(args), "max_tokens": 4}))  # warm-up, untimed
+        for n in (int(x) for x in args.bursts.split(",")):
+            print(json.dumps(burst(url, metrics_url, n, args)), flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

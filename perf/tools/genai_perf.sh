@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# genai-perf against a running BucketServe, from its own venv (it pins its own dependencies).
+#   perf/tools/genai_perf.sh [GRPC_URL] [OUT_DIR]     e.g. perf/tools/genai_perf.sh 127.0.0.1:8001 perf/results/x/genai-perf
+# Env: CONCURRENCY (2), REQUESTS (16), OUTPUT_MEAN (16), INPUT_MEAN (84, synthetic prompts) or
+# INPUT_FILE (JSONL {"text": ...} per line: our prompts), BACKEND (vllm) and MODEL.
+# --backend vllm --endpoint-type kserve sends shape-[1] tensors (text_input, stream,
+# exclude_input_in_output): the vLLM-backend convention of `bucketserve` (default MODEL).
+# --backend tensorrtllm sends shape-[1, 1] tensors: use BACKEND=tensorrtllm MODEL=tensorrt_llm_bls
+# (or MODEL=ensemble), the TensorRT-LLM-shaped entry models. The output length goes as top-level
+# max_tokens/min_tokens tensors (--extra-inputs) with either backend.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+URL="${1:-127.0.0.1:8001}"
+OUT="${2:-$ROOT/perf/results/tmp/genai-perf}"
+VENV="$ROOT/perf/.genai-venv"
+[ -x "$VENV/bin/genai-perf" ] || make -C "$ROOT" bench-tools
+TOKENIZER="$("$ROOT/.venv/bin/python" -c 'from bucketserve.engine.loader import resolve_model; print(resolve_model("smollm2"))')"
+CUDART="$("$ROOT/.venv/bin/python" -c 'import nvidia.cuda_runtime as c, os; print(os.path.join(list(c.__path__)[0], "lib"))')"
+# perf_analyzer comes from tritonclient[all] in the project venv; it needs libcudart.so.12 and libb64.
+export PATH="$VENV/bin:$ROOT/.venv/bin:$PATH"
+export LD_LIBRARY_PATH="$CUDART${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+mkdir -p "$OUT"
+if [ -n "${INPUT_FILE:-}" ]; then
+  INPUTS=(--input-file "$INPUT_FILE")
+else
+  INPUTS=(--synthetic-input-tokens-mean "${INPUT_MEAN:-84}" --synthetic-input-tokens-stddev 0)
+fi
+N_OUT="${OUTPUT_MEAN:-16}"
+set -x
+COLUMNS=200 genai-perf profile -m "${MODEL:-bucketserve}" --backend "${BACKEND:-vllm}" --endpoint-type kserve \
+  --streaming -u "$URL" --tokenizer "$TOKENIZER" "${INPUTS[@]}" \
+  --extra-inputs "max_tokens:$N_OUT" --extra-inputs "min_tokens:$N_OUT" \
+  --concurrency "${CONCURRENCY:-2}" --request-count "${REQUESTS:-16}" --warmup-request-count 2 \
+  --random-seed 0 --artifact-dir "$OUT" > "$OUT/genai_perf_stdout.txt" 2>&1
+set +x
+cat "$OUT"/*/profile_export_genai_perf.csv

@@ -1,0 +1,91 @@
+"""perf_analyzer export parsing, genai-perf CSV parsing, report sections with missing tools."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from bucketserve.bench.fixed_load import FixedLoadResult
+from bucketserve.bench.genai_perf import metric, read_csv
+from bucketserve.bench.metrics import summarize
+from bucketserve.bench.perf_analyzer import input_data, parse_export
+from bucketserve.bench.records import RequestRecord
+from bucketserve.bench.report_fixed import fixed_load_section
+from bucketserve.bench.workloads import BenchRequest
+
+REQ = BenchRequest(0, "fixed", "some prompt", 84, 3, 2.0, 0.15)
+
+
+def test_perf_analyzer_export_becomes_records(tmp_path):
+    ns = 1_000_000_000
+    export = {"experiments": [{"requests": [{
+        "timestamp": 5 * ns,
+        "response_timestamps": [int(5.5 * ns), int(5.6 * ns), int(5.7 * ns)],
+        "response_outputs": [{"num_output_tokens": 1}, {"num_output_tokens": 2},
+                             {"num_output_tokens": 3, "finish_reason": "length"}],
+    }]}]}  # fmt: skip
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(export))
+    (rec,) = parse_export(path, [REQ])
+    assert rec.ok and rec.ttft_s == pytest.approx(0.5) and rec.e2e_s == pytest.approx(0.7)
+    assert rec.output_tokens == 3 and rec.tpot_s == pytest.approx(0.1)
+
+
+def test_perf_analyzer_input_data_carries_the_contract():
+    entry = input_data([REQ])["data"][0]
+    assert entry["text_input"] == ["some prompt"] and entry["stream"] == [True]
+    assert entry["max_tokens"] == entry["min_tokens"] == [3]
+
+
+def test_genai_perf_csv(tmp_path):
+    path = tmp_path / "g.csv"
+    path.write_text(
+        "Metric,avg,min,max,p50\nTime To First Token (ms),477.60,168.15,662.15,491.41\n"
+        'Request Latency (ms),"1,303.94","1,044.96","1,451.38","1,348.09"\n\n'
+        "Metric,Value\nRequest Throughput (per sec),1.50\n"
+    )
+    got = read_csv(path)
+    assert got["Time To First Token (ms)"]["p50"] == pytest.approx(491.41)
+    assert got["Request Latency (ms)"]["avg"] == pytest.approx(1303.94)
+    assert got["Request Throughput (per sec)"]["value"] == pytest.approx(1.5)
+
+
+def test_aiperf_and_genai_perf_csv_figures_in_seconds(tmp_path):
+    aiperf = tmp_path / "a.csv"
+    aiperf.write_text(
+        "Metric,avg,min,max,sum,p50\nTime to First Token (ms),250.00,100.00,400.00,,240.00\n"
+        "Inter Token Latency (ms),40.00,30.00,50.00,,41.00\n\n"
+        "Metric,Value\nRequest Throughput (requests/sec),1.25\n"
+    )
+    got = read_csv(aiperf)
+    assert metric(got, "Time To First Token", "avg") == pytest.approx(0.25)
+    assert metric(got, "inter token latency", "p50") == pytest.approx(0.041)
+    assert metric(got, "Request Throughput", "value") == pytest.approx(1.25)
+    assert metric(got, "Request Latency", "avg") is None
+
+
+def test_fixed_load_section_has_a_column_per_external_tool():
+    r = RequestRecord(0, "fixed", 0.0, 0.0, 84, 3, 2.0, 0.15)
+    r.add_chunk(0.5, 1)
+    r.add_chunk(0.7, 3)
+    r.finish(0.7)
+    ours = summarize("loadgen", 0.0, [r])
+    csv = {"Request Throughput (requests/sec)": {"value": 2 * ours.served_rate},
+           "Time to First Token (ms)": {"avg": 500.0, "p50": 500.0}}  # fmt: skip
+    fx = FixedLoadResult(2, 1, ours, ext={"aiperf": csv}, ext_errors={"genai-perf trtllm": "x"})
+    text = "\n".join(fixed_load_section(fx, 0.1))
+    head = next(line for line in text.splitlines() if line.startswith("| metric"))
+    assert "aiperf" in head and "genai-perf vllm" in head and "genai-perf trtllm" in head
+    row = next(line for line in text.splitlines() if line.startswith("| throughput"))
+    assert "+100.0%" in row  # AIPerf's throughput, twice ours
+    assert "genai-perf trtllm did not complete: `x`" in text
+
+
+def test_fixed_load_section_survives_missing_tools():
+    r = RequestRecord(0, "fixed", 0.0, 0.0, 84, 3, 2.0, 0.15)
+    r.add_chunk(0.5, 1)
+    r.add_chunk(0.7, 3)
+    r.finish(0.7)
+    fx = FixedLoadResult(2, 1, summarize("loadgen", 0.0, [r]), pa_error="boom")
+    text = "\n".join(fixed_load_section(fx, 0.1))
+    assert "perf_analyzer did not complete: `boom`" in text and "| throughput" in text
