@@ -115,7 +115,8 @@ class ServeConfig:
         if not 1024 <= self.max_request_bytes <= MAX_REQUEST_BYTES_LIMIT:
             raise ValueError(
                 f"max_request_bytes must be in 1024..{MAX_REQUEST_BYTES_LIMIT} (Triton's HTTP"
-                f" front end crashes on bigger bodies, fact 11); got {self.max_request_bytes}"
+                f" front end crashes on bigger bodies); got {self.max_request_bytes}"
+                # docs/platform-notes.md#p11-large-form-body-crash
             )
         if self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")

@@ -2,7 +2,7 @@
 
 RooflineLatency: time = max(FLOPs / (peak x e_c), bytes / (bandwidth x e_b)) + overhead, with
 stated efficiency factors. FittedLatency: SCLS's bilinear forms fitted by least squares to
-perf/engine_bench.py JSON lines.
+perf/engine/engine_bench.py JSON lines.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The simulator checked against the real CPU server: replay a smoke run's requests (their
 send times, prompt and output lengths, SLOs) through the simulator with a latency model
-fitted to the CPU engine (perf/engine_bench.py JSON lines), and compare mean TTFT, mean
+fitted to the CPU engine (perf/engine/engine_bench.py JSON lines), and compare mean TTFT, mean
 TPOT and SLO attainment with what the server measured.
 
     python -m bucketserve.sim.validate --server-run perf/results/<run> \
