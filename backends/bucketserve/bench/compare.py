@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="CPU-scale preset (a few minutes)")
     p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument(
+        "--topologies", default="disaggregated",
+        help="comma-separated server topologies (disaggregated, colocated): each policy runs "
+        "in each; labels become policy@topology when more than one",
+    )  # fmt: skip
+    p.add_argument("--chunk-tokens", type=int, default=256, help="colocated: tokens/iteration")
     p.add_argument("--workload", choices=("alpaca", "longbench", "mixed", "sharegpt"))
     p.add_argument("--profile", choices=("paper", "cpu"))
     p.add_argument("--input-cap", type=int, help="prompt truncation (tokens)")
@@ -180,7 +186,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def select_targets(a: argparse.Namespace, pre: Preset) -> tuple[list[Target], list[str]]:
     """Policies, ablations if asked, the fixed-load host; probe policy first with auto rates."""
-    targets = [Target(p, p) for p in a.policies.split(",") if p]
+    topologies = [t for t in a.topologies.split(",") if t]
+    targets = [
+        Target(p if topologies == ["disaggregated"] else f"{p}@{t}", p,
+               {} if t == "disaggregated" else {"topology": t, "chunk_tokens": a.chunk_tokens})
+        for p in a.policies.split(",") if p for t in topologies
+    ]  # fmt: skip
     abl_targets, abl_notes = ablation_targets()
     if a.ablations:
         targets += abl_targets
