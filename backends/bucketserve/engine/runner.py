@@ -115,7 +115,13 @@ class ModelRunner:
                 f"attention {self.attention_backend}, linears {self.linear_impl}, "
                 f"norms/rope/SwiGLU {self.elementwise_impl}, decode "
                 f"{'CUDA graphs' if self.uses_cuda_graphs else 'eager'}, "
-                f"{self.num_blocks} KV blocks of {self.block_size} tokens{self.warmed}")  # fmt: skip
+                f"{self.num_blocks} KV blocks of {self.block_size} tokens{self.warmed}"
+                f"{self._threads()}")  # fmt: skip
+
+    def _threads(self) -> str:
+        """CPU: the intra-op threads this instance runs with (the serving layer splits the
+        cores among the CPU instances: P/D gives each half, colocated gives one all)."""
+        return f", {torch.get_num_threads()} CPU threads" if self.device.type == "cpu" else ""
 
     @property
     def tokenizer_dir(self) -> str:

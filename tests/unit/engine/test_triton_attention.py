@@ -32,6 +32,8 @@ def test_interpreted_kernel_matches_sdpa():
     assert result["runner"]["err"] < 1e-5, result
     # attention='triton': fused element-wise kernels and the static decode step took part
     assert result["runner"]["paths"][0] == ["triton", True], result
+    # chunked prefill fused with Triton-kernel decodes: same greedy tokens as whole prompts
+    assert result["chunked"]["equal"] and result["chunked"]["mixed_steps"][0] > 0, result
 
 
 def test_triton_needs_cuda_or_the_interpreter(monkeypatch):

@@ -86,6 +86,25 @@ def runner_error() -> dict:
     return {"err": rel_err(logits[0], logits[1]), "paths": paths}
 
 
+def chunked_tokens() -> dict:
+    """Greedy tokens of chunked prefill fused with decodes (chunks of 8 tokens, the Triton
+    decode kernel on the decode rows) against whole prompts through the default CPU path."""
+    from bucketserve.engine.llm_engine import LLMEngine
+    from bucketserve.engine.sampling_params import SamplingParams
+
+    prompts = [list(range(10, 10 + n)) for n in (1, 20, 47, 9)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    outs, mixed = [], []
+    for attention, chunk in (("triton", 8), ("auto", 4096)):
+        config = EngineConfig(model="dummy:tiny", device="cpu", num_blocks=64, block_size=16,
+                              attention=attention)  # fmt: skip
+        engine = LLMEngine(config, chunk_tokens=chunk)
+        outs.append(engine.generate(prompts, params))
+        mixed.append(engine.runner.stats.num_mixed_steps)
+        engine.close()
+    return {"equal": outs[0] == outs[1], "mixed_steps": mixed}
+
+
 if __name__ == "__main__":
     print(json.dumps({"kernel": kernel_errors(), "elementwise": elementwise_errors(),
-                      "runner": runner_error()}))  # fmt: skip
+                      "runner": runner_error(), "chunked": chunked_tokens()}))  # fmt: skip

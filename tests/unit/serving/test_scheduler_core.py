@@ -170,3 +170,63 @@ def test_close_returns_the_queued_requests():
     core.add("q", [1, 2], GenerateParams(sampling=SamplingParams(max_tokens=2)))
     pending = core.close()
     assert [p.sender for p in pending] == ["q"] and not rec.handoffs
+
+
+class ColocatedCluster:
+    """Colocated instances whose published intake counters and prompt backlog a test sets."""
+
+    def __init__(self, num: int) -> None:
+        self.received = [0] * num
+        self.backlog = [0] * num
+
+    def view(self) -> ClusterView:
+        stats = [
+            InstanceStats(f"decode{i}", "decode", 4096, 4096, 16, 0, 0.01, 1000,
+                          num_received=self.received[i], prefill_backlog=self.backlog[i])
+            for i in range(len(self.received))
+        ]  # fmt: skip
+        return ClusterView([], stats)
+
+
+def test_colocated_sends_prompts_without_prefill_and_waits_for_intake():
+    rec, cluster = Recorder(), ColocatedCluster(1)
+    sched = make_scheduler("fcfs", SchedulerConfig(max_model_len=2048, block_size=16,
+                                                   max_prefill_tokens=8), time.monotonic)  # fmt: skip
+    core = SchedulerCore(sched, cluster.view, rec.prefill, rec.send_handoff, rec.send_error,
+                         0, rec.metrics(), chunk_tokens=64)  # fmt: skip
+    core.start()
+    try:
+        for i in range(3):  # 8-token prompts: one per batch
+            core.add(
+                f"s{i}", list(range(1, 9)), GenerateParams(sampling=SamplingParams(max_tokens=4))
+            )
+        wait_for(lambda: len(rec.handoffs) == 1)
+        time.sleep(0.1)
+        assert len(rec.handoffs) == 1, "a second batch went out before the first was taken in"
+        cluster.received[0], cluster.backlog[0] = 1, 64  # taken in; a full iteration queued
+        time.sleep(0.1)
+        assert len(rec.handoffs) == 1, "sent while the instance's prompt backlog was full"
+        cluster.backlog[0] = 0
+        wait_for(lambda: len(rec.handoffs) == 2)
+    finally:
+        core.close()
+    assert rec.calls == []  # no prefill model in this topology
+    (_, first), (_, second) = rec.handoffs
+    assert first.prefill_index == -1 and first.prompt_ids == list(range(1, 9))
+    assert first.decode_index == second.decode_index == 0
+
+
+def test_colocated_offers_the_least_loaded_instance_first():
+    rec, cluster = Recorder(), ColocatedCluster(2)
+    cluster.backlog = [40, 0]
+    sched = make_scheduler("fcfs", SchedulerConfig(max_model_len=2048, block_size=16),
+                           time.monotonic)  # fmt: skip
+    core = SchedulerCore(sched, cluster.view, rec.prefill, rec.send_handoff, rec.send_error,
+                         0, rec.metrics(), chunk_tokens=64)  # fmt: skip
+    core.start()
+    try:
+        core.add("a", [1, 2, 3], GenerateParams(sampling=SamplingParams(max_tokens=4)))
+        wait_for(lambda: len(rec.handoffs) == 1)
+    finally:
+        core.close()
+    assert rec.handoffs[0][1].decode_index == 1
