@@ -171,7 +171,8 @@ class DecodeModel:
             h.params.num_input_tokens,
             d.num_output_tokens,
         )
-        self.req_metrics.handoff.observe(max(0.0, client.first_token_s - h.prefill_done_s))
+        if h.prefill_index >= 0:  # a KV hand-off (colocated requests have none)
+            self.req_metrics.handoff.observe(max(0.0, client.first_token_s - h.prefill_done_s))
 
     def finalize(self) -> None:
         self.worker.shutdown()

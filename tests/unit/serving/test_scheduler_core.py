@@ -6,6 +6,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
 from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.scheduling import ClusterView, InstanceStats, SchedulerConfig, make_scheduler
 from bucketserve.serving.contract import GenerateParams
@@ -216,10 +217,11 @@ def test_colocated_sends_prompts_without_prefill_and_waits_for_intake():
     assert first.decode_index == second.decode_index == 0
 
 
-def test_colocated_offers_the_least_loaded_instance_first():
+@pytest.mark.parametrize("policy", ["fcfs", "distserve", "bucketserve", "bucketserve+", "edf"])
+def test_colocated_offers_the_least_loaded_instance_first(policy):
     rec, cluster = Recorder(), ColocatedCluster(2)
     cluster.backlog = [40, 0]
-    sched = make_scheduler("fcfs", SchedulerConfig(max_model_len=2048, block_size=16),
+    sched = make_scheduler(policy, SchedulerConfig(max_model_len=2048, block_size=16),
                            time.monotonic)  # fmt: skip
     core = SchedulerCore(sched, cluster.view, rec.prefill, rec.send_handoff, rec.send_error,
                          0, rec.metrics(), chunk_tokens=64)  # fmt: skip
