@@ -1,0 +1,118 @@
+"""Summarise `perf/load/compare.py --topologies ...` runs over several seeds.
+
+Per (label, rate): SLO attainment, TTFT and TPOT p50/p90, requests lost, and a steady-state
+check of the send window: a run is flagged when its last third attains clearly less than its
+first two thirds (a growing backlog) or when its median TTFT in the last third is more than
+twice the first third's. Per label: goodput@90 per seed (the highest rate at 90 % attainment,
+interpolated; bench.metrics.goodput), their mean and a 95 % t-interval, and the ratio of the
+colocated to the disaggregated goodput paired by seed.
+
+    .venv/bin/python perf/load/topology_report.py perf/results/2026-12-03-*-topology-seed*
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+from bucketserve.bench.metrics import goodput, percentile
+
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57}  # two-sided 95 % t quantiles by dof
+
+
+def ok(row: dict) -> bool:
+    if row.get("error") or row.get("ttft_s") is None:
+        return False
+    tpot = row.get("tpot_s") or 0.0
+    return row["ttft_s"] <= row["ttft_slo_s"] and tpot <= row["tpot_slo_s"]
+
+
+def attained(rows: list[dict]) -> float:
+    return sum(ok(r) for r in rows) / len(rows)
+
+
+def median_ttft(rows: list[dict]) -> float:
+    return statistics.median(
+        [r["ttft_s"] for r in rows if r.get("ttft_s") is not None] or [math.nan]
+    )
+
+
+def run_stats(rows: list[dict]) -> dict:
+    """Attainment, latency percentiles and the steady-state check of one (label, rate) file."""
+    rows = sorted(rows, key=lambda r: r["t_send_s"])
+    third = max(1, len(rows) // 3)
+    head, tail = rows[: len(rows) - third], rows[len(rows) - third :]
+    ttft = [r["ttft_s"] for r in rows if r.get("ttft_s") is not None]
+    tpot = [r["tpot_s"] for r in rows if r.get("tpot_s") is not None]
+    growing = (attained(tail) < attained(head) - 0.15
+               or median_ttft(tail) > 2 * median_ttft(rows[:third]))  # fmt: skip
+    return {
+        "n": len(rows), "lost": sum(1 for r in rows if r.get("error")),
+        "attainment": attained(rows), "tail_attainment": attained(tail), "steady": not growing,
+        "ttft_p50": percentile(ttft, 50), "ttft_p90": percentile(ttft, 90),
+        "tpot_p50": percentile(tpot, 50), "tpot_p90": percentile(tpot, 90),
+    }  # fmt: skip
+
+
+def load(runs: list[Path]) -> dict[str, dict[int, dict[float, dict]]]:
+    """{label: {seed: {rate: stats}}}."""
+    out: dict[str, dict[int, dict[float, dict]]] = {}
+    for seed, run in enumerate(runs):
+        for path in sorted((run / "requests").glob("*_rate*.jsonl")):
+            label, rate = path.stem.rsplit("_rate", 1)
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            out.setdefault(label, {}).setdefault(seed, {})[float(rate)] = run_stats(rows)
+    return out
+
+
+def mean_ci(values: list[float]) -> str:
+    m = statistics.mean(values)
+    if len(values) < 2:
+        return f"{m:.2f}"
+    half = T95.get(len(values) - 1, 2.0) * statistics.stdev(values) / math.sqrt(len(values))
+    return f"{m:.2f} ± {half:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", type=Path)
+    p.add_argument("--target", type=float, default=0.9)
+    a = p.parse_args(argv)
+    data = load(a.runs)
+    print(
+        "| label | rate | attainment (seeds) | last third | TTFT p50 / p90 s | TPOT p50 / p90 s | lost | steady |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for label, seeds in data.items():
+        for rate in sorted({r for s in seeds.values() for r in s}):
+            st = [s[rate] for s in seeds.values() if rate in s]
+            f = {k: statistics.mean(x[k] for x in st) for k in st[0] if k != "steady"}
+            atts = " / ".join(f"{x['attainment']:.2f}" for x in st)
+            print(f"| {label} | {rate:g} | {atts} | {f['tail_attainment']:.2f} | "
+                  f"{f['ttft_p50']:.2f} / {f['ttft_p90']:.2f} | {f['tpot_p50']:.3f} / {f['tpot_p90']:.3f} | "
+                  f"{sum(x['lost'] for x in st)} | {sum(x['steady'] for x in st)}/{len(st)} |")  # fmt: skip
+    print()
+    good: dict[str, dict[int, float]] = {}
+    for label, seeds in data.items():
+        for seed, rates in seeds.items():
+            rs = sorted(rates)
+            g = goodput(rs, [rates[r]["attainment"] for r in rs], a.target)
+            good.setdefault(label, {})[seed] = g.rate
+            print(f"{label} seed {seed}: goodput@{a.target:g} {g.label()} req/s ({g.kind})")
+    for label, by_seed in good.items():
+        print(f"{label}: goodput@{a.target:g} {mean_ci(list(by_seed.values()))} req/s (95 % t-interval, {len(by_seed)} seeds)")  # fmt: skip
+    labels = sorted(good)
+    colo = [x for x in labels if x.endswith("@colocated")]
+    disagg = [x for x in labels if x.endswith("@disaggregated")]
+    for c, d in zip(colo, disagg, strict=False):
+        ratios = [good[c][s] / good[d][s] for s in good[c] if good[d].get(s)]
+        if ratios:
+            print(f"{c} / {d}: {mean_ci(ratios)}x (paired by seed: {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
