@@ -101,7 +101,7 @@ def predict_run(run: Path, chunk_tokens: int) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path)
-    p.add_argument("--chunk-tokens", type=int, default=256)
+    p.add_argument("--chunk-tokens", type=int, default=64)
     p.add_argument("--target", type=float, default=0.9)
     a = p.parse_args(argv)
     print("| run | label | rate | attainment measured | simulated |")

@@ -80,7 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated server topologies (disaggregated, colocated): each policy runs "
         "in each; labels become policy@topology when more than one",
     )  # fmt: skip
-    p.add_argument("--chunk-tokens", type=int, default=256, help="colocated: tokens/iteration")
+    p.add_argument(
+        "--chunk-tokens", type=int, default=0, help="colocated: tokens/iteration (0: auto)"
+    )
     p.add_argument("--workload", choices=("alpaca", "longbench", "mixed", "sharegpt"))
     p.add_argument("--profile", choices=("paper", "cpu"))
     p.add_argument("--input-cap", type=int, help="prompt truncation (tokens)")

@@ -69,7 +69,7 @@ class DecodeModel:
             cfg.handoff_timeout_s,
             max_batch=cfg.max_decode_batch,
             watermark=cfg.scheduler_config(runner.model_config.max_model_len).watermark,
-            token_budget=cfg.chunk_tokens if cfg.is_colocated else cfg.max_prefill_tokens,
+            token_budget=cfg.iteration_tokens if cfg.is_colocated else cfg.max_prefill_tokens,
         )
         self.stream_interval_s = cfg.stream_interval_s
         self.worker.publish()

@@ -82,7 +82,7 @@ class SchedulerModel:
         self.admission = Admission(self.cfg, max_model_len)  # bounded queue: busy beyond
         self.core = SchedulerCore(
             sched, self.cluster.view, call_prefill, send_handoff, send_error,
-            len(self.cfg.engine_prefill_devices), Metrics(self.cfg), self.cfg.chunk_tokens if self.cfg.is_colocated else 0,
+            len(self.cfg.engine_prefill_devices), Metrics(self.cfg), self.cfg.iteration_tokens if self.cfg.is_colocated else 0,
         )  # fmt: skip
         self.listener = FinishListener(
             socket_path(self.cfg.run_dir, self.cfg.run_id), self.core.finished
