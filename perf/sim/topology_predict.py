@@ -3,8 +3,8 @@
 Replays every (label, rate) request file of `perf/load/compare.py --topologies ...` runs (their
 send times, prompt and output lengths, SLOs) through the simulator with latency models fitted
 to the CPU engine: `bucketserve@disaggregated` as one prefill and one decode instance on one
-thread each, `bucketserve@colocated` as one chunked instance (Sarathi-style fused iterations,
-`--chunk-tokens`) on both threads. One constant the engine fit cannot see, the per-request
+thread each, `bucketserve@colocated` as one chunked instance (Sarathi-style fused iterations of 64 tokens)
+on both threads, `@colocatedx2` as two such instances of 32 tokens on one thread each. One constant the engine fit cannot see, the per-request
 path outside the engine (tokenizer, Triton hops, first response), is estimated per label as
 the TTFT gap at its lowest rate and added to every simulated TTFT (`sim/validate.py`).
 Prints per-rate attainment (measured vs simulated) and goodput@90 per run, as Markdown.
@@ -28,28 +28,33 @@ from bucketserve.sim.simulator import Simulator
 from bucketserve.sim.validate import BLOCK, POOL_BYTES, SMOLLM2, server_requests
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-BENCH = {  # threads per engine instance in each topology on the 2-core machine
-    "disaggregated": RESULTS / "engine_bench_cpu_2026-12-01-fresh-1thread.jsonl",
-    "colocated": RESULTS / "engine_bench_cpu_2026-12-01-fresh.jsonl",
+ONE_THREAD = RESULTS / "engine_bench_cpu_2026-12-01-fresh-1thread.jsonl"
+TWO_THREADS = RESULTS / "engine_bench_cpu_2026-12-01-fresh.jsonl"
+# topology label -> (engine fit for its instances' threads, colocated instances, chunk tokens)
+DEPLOYMENTS = {
+    "disaggregated": (ONE_THREAD, 0, 0),  # 1P1D, one thread each
+    "colocated": (TWO_THREADS, 1, 64),  # one instance on both cores
+    "colocatedx2": (ONE_THREAD, 2, 32),  # two instances, one core each
 }
 
 
-def cluster_for(topology: str, chunk_tokens: int) -> ClusterSpec:
+def cluster_for(topology: str) -> ClusterSpec:
     blocks = POOL_BYTES // (BLOCK * SMOLLM2.kv_bytes_per_token)
-    if topology == "colocated":
-        return ClusterSpec(blocks, SMOLLM2.kv_bytes_per_token, BLOCK, 1, 1, 1,
-                           topology="chunked", chunk_tokens=chunk_tokens)  # fmt: skip
+    _, instances, chunk = DEPLOYMENTS[topology]
+    if instances:
+        return ClusterSpec(blocks, SMOLLM2.kv_bytes_per_token, BLOCK, 1, 1, instances,
+                           topology="chunked", chunk_tokens=chunk)  # fmt: skip
     return ClusterSpec(blocks, SMOLLM2.kv_bytes_per_token, BLOCK, 1, 1, 1, topology="pd")
 
 
-def simulate(path: Path, chunk_tokens: int) -> tuple[str, float, list]:
+def simulate(path: Path) -> tuple[str, float, list]:
     """(label, rate, simulated requests) of one request file."""
     label, rate = path.stem.rsplit("_rate", 1)
     policy, topology = label.split("@") if "@" in label else (label, "disaggregated")
     reqs = server_requests(path)
-    latency = FittedLatency.from_jsonl(BENCH[topology], SMOLLM2.kv_bytes_per_token,
+    latency = FittedLatency.from_jsonl(DEPLOYMENTS[topology][0], SMOLLM2.kv_bytes_per_token,
                                        impl="bucketserve")  # fmt: skip
-    Simulator(policy, reqs, cluster_for(topology, chunk_tokens), latency,
+    Simulator(policy, reqs, cluster_for(topology), latency,
               max_model_len=SMOLLM2.max_len).run()  # fmt: skip
     return label, float(rate), reqs
 
@@ -80,9 +85,9 @@ def measured(run: Path) -> dict[tuple[str, float], float]:
                 for r in csv.DictReader(f)}  # fmt: skip
 
 
-def predict_run(run: Path, chunk_tokens: int) -> dict[str, dict]:
+def predict_run(run: Path) -> dict[str, dict]:
     """{label: {"rates", "real", "sim"}} for one run folder."""
-    sims = [simulate(p, chunk_tokens) for p in sorted((run / "requests").glob("*_rate*.jsonl"))]
+    sims = [simulate(p) for p in sorted((run / "requests").glob("*_rate*.jsonl"))]
     real = measured(run)
     out: dict[str, dict] = {}
     for label in sorted({s[0] for s in sims}):
@@ -101,14 +106,13 @@ def predict_run(run: Path, chunk_tokens: int) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path)
-    p.add_argument("--chunk-tokens", type=int, default=64)
     p.add_argument("--target", type=float, default=0.9)
     a = p.parse_args(argv)
     print("| run | label | rate | attainment measured | simulated |")
     print("| --- | --- | --- | --- | --- |")
     goodputs: dict[str, list[tuple[float, float]]] = {}
     for run in a.runs:
-        for label, d in predict_run(run, a.chunk_tokens).items():
+        for label, d in predict_run(run).items():
             for rate, real, sim in zip(d["rates"], d["real"], d["sim"], strict=True):
                 print(f"| {run.name} | {label} | {rate:g} | {real:.3f} | {sim:.3f} |")
             g_real = goodput(d["rates"], d["real"], a.target)

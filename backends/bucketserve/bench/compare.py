@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument(
         "--topologies", default="disaggregated",
-        help="comma-separated server topologies (disaggregated, colocated): each policy runs "
+        help="comma-separated server topologies (disaggregated, colocated, colocatedx2 = two colocated instances): each policy runs "
         "in each; labels become policy@topology when more than one",
     )  # fmt: skip
     p.add_argument(
@@ -190,8 +190,7 @@ def select_targets(a: argparse.Namespace, pre: Preset) -> tuple[list[Target], li
     """Policies, ablations if asked, the fixed-load host; probe policy first with auto rates."""
     topologies = [t for t in a.topologies.split(",") if t]
     targets = [
-        Target(p if topologies == ["disaggregated"] else f"{p}@{t}", p,
-               {} if t == "disaggregated" else {"topology": t, "chunk_tokens": a.chunk_tokens})
+        Target(p if topologies == ["disaggregated"] else f"{p}@{t}", p, topology_overrides(t, a))
         for p in a.policies.split(",") if p for t in topologies
     ]  # fmt: skip
     abl_targets, abl_notes = ablation_targets()
@@ -204,6 +203,18 @@ def select_targets(a: argparse.Namespace, pre: Preset) -> tuple[list[Target], li
     if not pre.rates:  # the capacity probe runs on the first server: the vLLM-like baseline
         targets.sort(key=lambda t: t.label != PROBE_POLICY)
     return targets, abl_notes
+
+
+def topology_overrides(topology: str, a: argparse.Namespace) -> dict:
+    """ServeConfig overrides of one --topologies entry: "disaggregated", "colocated", or
+    "colocatedxN" (N colocated CPU instances, the cores split among them)."""
+    name, _, count = topology.partition("x")
+    if name == "disaggregated":
+        return {}
+    over = {"topology": name, "chunk_tokens": a.chunk_tokens}
+    if count:
+        over["decode_devices"] = ["cpu"] * int(count)
+    return over
 
 
 def write_outputs(out: Path, ctx: dict, results: list, abl_notes: list[str]) -> None:

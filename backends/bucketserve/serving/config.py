@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -12,7 +13,9 @@ from bucketserve.scheduling.config import SchedulerConfig
 DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
 KNOWN_POLICIES = ("static", "fcfs", "distserve", "bucketserve", "bucketserve+", "edf")
 TOPOLOGIES = ("disaggregated", "colocated")  # "hybrid" (per-instance chunk budgets) is next
-CHUNK_TOKENS_CPU = 64  # keeps a fused iteration near 0.1 s on a 2-core CPU (TPOT SLO 0.15 s)
+# keeps a fused iteration near 0.1 s on a CPU (measured on 2 cores: 64 tokens + 8 decodes take
+# 106 ms with 2 threads, 128 take 212 ms): per intra-op thread of the instance
+CHUNK_TOKENS_PER_CPU_THREAD = 32
 CHUNK_TOKENS_GPU = 512  # Sarathi-Serve's usual budget on a GPU
 DEFAULT_MODEL = "smollm2"
 MAX_REQUEST_BYTES_LIMIT = 64 * 1024 * 1024  # the front holds one body in memory per request
@@ -27,8 +30,8 @@ class ServeConfig:
     # disaggregated: prefill instances hand KV to decode instances; colocated: every
     # instance (one per decode device) runs fused decode + prompt-chunk iterations, no hand-off
     topology: str = "disaggregated"
-    # tokens per fused iteration (colocated): decodes + prompt chunks; 0: CHUNK_TOKENS_CPU when
-    # every instance is a CPU (an iteration of 64 tokens takes ~0.1 s there), else _GPU
+    # tokens per fused iteration (colocated): decodes + prompt chunks; 0: by device (see
+    # iteration_tokens)
     chunk_tokens: int = 0
     prefill_devices: list[str] = field(default_factory=lambda: ["cpu"])
     decode_devices: list[str] = field(default_factory=lambda: ["cpu"])
@@ -156,7 +159,10 @@ class ServeConfig:
         """Colocated: the token budget of one fused iteration (chunk_tokens, or by device)."""
         if self.chunk_tokens:
             return self.chunk_tokens
-        return CHUNK_TOKENS_CPU if set(self.decode_devices) == {"cpu"} else CHUNK_TOKENS_GPU
+        if set(self.decode_devices) != {"cpu"}:
+            return CHUNK_TOKENS_GPU
+        sharing = (self.engine_prefill_devices + self.decode_devices).count("cpu")
+        return CHUNK_TOKENS_PER_CPU_THREAD * max(1, (os.cpu_count() or 1) // sharing)
 
     @property
     def engine_prefill_devices(self) -> list[str]:
