@@ -105,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     for label, by_seed in good.items():
         print(f"{label}: goodput@{a.target:g} {mean_ci(list(by_seed.values()))} req/s (95 % t-interval, {len(by_seed)} seeds)")  # fmt: skip
     labels = sorted(good)
-    colo = [x for x in labels if x.endswith("@colocated")]
     disagg = [x for x in labels if x.endswith("@disaggregated")]
-    for c, d in zip(colo, disagg, strict=False):
+    pairs = [(c, d) for d in disagg for c in labels
+             if "@colocated" in c and c.split("@")[0] == d.split("@")[0]]  # fmt: skip
+    for c, d in pairs:
         ratios = [good[c][s] / good[d][s] for s in good[c] if good[d].get(s)]
         if ratios:
             print(f"{c} / {d}: {mean_ci(ratios)}x (paired by seed: {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
