@@ -23,7 +23,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--chunk-tokens", type=int, default=d.chunk_tokens,
         help="colocated: tokens per iteration (every running decode's token, then prompt "
-        "chunks); 0 (default): 64 on CPU, 512 on GPU",
+        "chunks); 0 (default): 32 per thread of a CPU instance, 512 on GPU",
     )  # fmt: skip
     p.add_argument(
         "--prefill-devices", action="append", help="cpu or cuda:N (repeatable; default cpu)"
