@@ -88,7 +88,8 @@ def fault_fields(a: argparse.Namespace) -> dict:
 def add_openai_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--openai-port", type=int, default=ServeConfig().openai_port,
-        help="OpenAI-compatible API port (/v1/chat/completions ...); 0 disables it",
+        help="a second port of the HTTP edge for the OpenAI-compatible API (/v1/chat/completions"
+        " ...; also served on --http-port); 0: the HTTP port only",
     )  # fmt: skip
 
 
@@ -122,9 +123,14 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    from bucketserve.serving.ports import PortUnavailable
     from bucketserve.serving.service import serve
 
-    return serve(serve_config(a), log=lambda line: print(line, flush=True))
+    try:
+        return serve(serve_config(a), log=lambda line: print(line, flush=True))
+    except PortUnavailable as e:  # a start that cannot listen is an error, not a traceback
+        print(f"bucketserve serve: error: {e}", file=sys.stderr, flush=True)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,7 +55,7 @@ class ServeConfig:
     max_concurrent_requests: int = 0  # requests in flight at the front; 0: no cap
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
     restart_backoff_max_s: float = 30.0  # supervisor: longest wait between restarts
-    openai_port: int = 9000  # the OpenAI-compatible front end's port; 0: do not start it
+    openai_port: int = 9000  # a second port of the HTTP edge (OpenAI clients); 0: none
 
     def __post_init__(self) -> None:
         if self.policy not in KNOWN_POLICIES:

@@ -15,6 +15,7 @@ import json
 from collections.abc import AsyncIterator
 
 import grpc
+from bucketserve.serving.front.errors import BUSY_MARK, error
 from bucketserve.serving.front.generate_json import input_specs, tensor, to_request, to_response
 from bucketserve.serving.front.grpc_mux import Broken, StreamPool
 from bucketserve.serving.front.health import Health
@@ -22,19 +23,12 @@ from bucketserve.serving.front.metrics import FrontMetrics
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from tritonclient.grpc import InferResult
 
-BUSY_MARK = "server busy"
 SSE = "text/event-stream; charset=utf-8"
 ONE_RESPONSE = (
     "generate expects the model to produce exactly 1 response; use generate_stream for a model"
     ' that streams (or send "stream": false)'
 )
 RESERVED = ("sequence_id", "sequence_start", "sequence_end", "priority", "binary_data_output")
-
-
-def error(status: int, message: str, retry: bool = False) -> JSONResponse:
-    """Triton's own error body shape, so clients parse ours the same way."""
-    headers = {"Retry-After": "1"} if retry else None
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def event(doc: dict) -> bytes:
@@ -66,8 +60,7 @@ class GenerateRelay:
     def __init__(self, target: str, health: Health, metrics: FrontMetrics, front) -> None:
         self.health, self.metrics = health, metrics
         self.front = front  # its went_away / cause: one account of a failed server for both paths
-        self.pool = StreamPool(target)
-        self.inflight = 0  # requests being answered now (the shutdown drain waits on them)
+        self.pool = StreamPool(target)  # the edge's one pool: OpenAI routes use it too
         self.specs: dict[tuple[str, str, int], dict] = {}  # per model, version, server start
 
     async def open(self) -> None:
@@ -83,18 +76,7 @@ class GenerateRelay:
         return self.specs[key]
 
     async def handle(self, model: str, version: str, body: bytes, stream: bool) -> Response:
-        """One generate request whose body the front has already bounded and checked."""
-        self.inflight += 1
-        try:
-            response = await self.answer(model, version, body, stream)
-        except BaseException:
-            self.inflight -= 1
-            raise
-        if not isinstance(response, StreamingResponse):  # a stream counts until it ends
-            self.inflight -= 1
-        return response
-
-    async def answer(self, model: str, version: str, body: bytes, stream: bool) -> Response:
+        """One generate request whose body the edge has already bounded and checked."""
         try:
             doc = json.loads(body) if body.strip() else None
             specs = await self.input_specs(model, version)
@@ -158,4 +140,3 @@ class GenerateRelay:
             yield event({"error": f"server went away: {await self.front.cause(e)}"})
         finally:
             await docs.aclose()  # a client that left: the request is stopped
-            self.inflight -= 1
