@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from bucketserve.serving.config import KNOWN_POLICIES, ServeConfig
@@ -85,6 +86,22 @@ def fault_fields(a: argparse.Namespace) -> dict:
     }
 
 
+def add_security_args(p: argparse.ArgumentParser) -> None:
+    """Keys of the public endpoints (docs/security.md); the environment keeps them off `ps`."""
+    p.add_argument(
+        "--api-key", default=os.environ.get("BUCKETSERVE_API_KEY", ""),
+        help="require 'Authorization: Bearer KEY' on v2 and OpenAI routes and the gRPC header"
+        " 'triton-grpc-protocol-api-key: KEY' (default $BUCKETSERVE_API_KEY; health and metrics"
+        " stay open)",
+    )  # fmt: skip
+    p.add_argument(
+        "--admin-key", default=os.environ.get("BUCKETSERVE_ADMIN_KEY", ""),
+        help="open Triton's shared-memory, repository, trace and logging APIs to requests with"
+        " the header 'admin-key: KEY' (gRPC: 'triton-grpc-protocol-admin-key'); default"
+        " $BUCKETSERVE_ADMIN_KEY, unset: closed (403)",
+    )  # fmt: skip
+
+
 def add_openai_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--openai-port", type=int, default=ServeConfig().openai_port,
@@ -119,6 +136,8 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         scheduler=a.scheduler,
         **fault_fields(a),
         openai_port=getattr(a, "openai_port", ServeConfig().openai_port),
+        admin_key=getattr(a, "admin_key", ""),
+        api_key=getattr(a, "api_key", ""),
     )
 
 
@@ -140,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="start the Triton server")
     add_serve_args(serve)
     add_openai_args(serve)
+    add_security_args(serve)
     sub.add_parser("generate", help="one request to a running server", add_help=False)
     sub.add_parser("chat", help="interactive chat with a running server", add_help=False)
     sub.add_parser(

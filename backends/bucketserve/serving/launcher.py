@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.front.allowlist import ADMIN_GROUPS, ADMIN_HEADER, API_KEY_HEADER
 from bucketserve.serving.ports import Port, check_free, triton_port_error
 from bucketserve.serving.procs import die_with_parent, kill_tree, reap_children, stubs_of
 from bucketserve.serving.repository import render
@@ -45,6 +46,8 @@ class TritonServer:
         # behind the front (serving/front) Triton's HTTP listens on an internal loopback port
         self.internal_http = triton_http_port is not None
         self.http_port = cfg.http_port if triton_http_port is None else triton_http_port
+        # Triton's admin APIs answer only this key: the operator's, else one nobody knows
+        self.admin_key = cfg.admin_key or secrets.token_urlsafe(24)
 
     @property
     def http_url(self) -> str:
@@ -80,6 +83,7 @@ class TritonServer:
             "--metrics-config=summary_latencies=true",
             # the backend's own regions carry our run id, so clean_shm finds them after a crash
             f"--backend-config=python,shm-region-prefix-name={triton_shm_prefix(c.run_id)}",
+            *restricted_apis(c, self.admin_key),
         ]
 
     def ports(self) -> list[Port]:
@@ -178,6 +182,19 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def restricted_apis(cfg: ServeConfig, admin_key: str) -> list[str]:
+    """Triton's own ports: its admin API groups need `admin_key` (HTTP header `admin-key`, gRPC
+    `triton-grpc-protocol-admin-key`); with an API key, gRPC inference and metadata need it."""
+    groups = ",".join(ADMIN_GROUPS)
+    flags = [f"--http-restricted-api={groups}:{ADMIN_HEADER}={admin_key}",
+             f"--grpc-restricted-protocol={groups}:{ADMIN_HEADER}={admin_key}"]  # fmt: skip
+    if cfg.api_key:
+        flags.append(
+            f"--grpc-restricted-protocol=inference,metadata:{API_KEY_HEADER}={cfg.api_key}"
+        )
+    return flags
 
 
 def triton_shm_prefix(run_id: str) -> str:

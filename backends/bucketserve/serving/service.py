@@ -6,6 +6,7 @@ import signal
 from collections.abc import Callable
 
 from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.front.allowlist import AccessPolicy, grpc_metadata
 from bucketserve.serving.front.app import Front
 from bucketserve.serving.front.health import Health
 from bucketserve.serving.front.metrics import FrontMetrics
@@ -37,6 +38,11 @@ def public_ports(cfg: ServeConfig) -> list[Port]:
     if cfg.openai_port and cfg.openai_port != cfg.http_port:
         ports.append(Port(cfg.openai_port, "--openai-port"))
     return [*ports, Port(cfg.grpc_port, "--grpc-port"), Port(cfg.metrics_port, "--metrics-port")]
+
+
+def access_policy(cfg: ServeConfig) -> AccessPolicy:
+    """The entry models only; the keys from the command line (or environment)."""
+    return AccessPolicy(admin_key=cfg.admin_key, api_key=cfg.api_key)
 
 
 def openai_settings(cfg: ServeConfig) -> Settings:
@@ -71,7 +77,8 @@ def serve(cfg: ServeConfig, log: Callable[[str], None] = print) -> int:
     cfg = TritonServer(cfg).cfg  # resolves the run id and the model directory once
     health, metrics = Health(), FrontMetrics()
     front = Front(health, metrics, cfg.max_request_bytes, grpc_target(cfg),
-                  cfg.max_concurrent_requests, openai_settings(cfg), triton_metrics_url(cfg))  # fmt: skip
+                  cfg.max_concurrent_requests, openai_settings(cfg), triton_metrics_url(cfg),
+                  access_policy(cfg), grpc_metadata(cfg.api_key))  # fmt: skip
     edge_ports = [p for p in public_ports(cfg) if p.flag in ("--http-port", "--openai-port")]
     web = FrontServer(front, cfg.host, edge_ports[0], tuple(edge_ports[1:]))  # binds them now
     try:

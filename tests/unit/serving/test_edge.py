@@ -17,7 +17,7 @@ from bucketserve.serving.openai.app import Settings
 from bucketserve.serving.ports import Port, PortUnavailable, check_free, free_port
 
 from tests.unit.serving.grpc_upstream import GrpcUpstream
-from tests.unit.serving.test_front import Upstream, sse_events
+from tests.unit.serving.test_front import STAND_IN, Upstream, sse_events
 
 
 @pytest.fixture
@@ -27,7 +27,8 @@ def edge():
     grpc_up.start()
     health = Health()
     health.set(READY, upstream=f"http://127.0.0.1:{up.port}")
-    front = Front(health, FrontMetrics(), 1 << 16, grpc_up.target, openai=Settings("m"))
+    front = Front(health, FrontMetrics(), 1 << 16, grpc_up.target, openai=Settings("m"),
+                  policy=STAND_IN)  # fmt: skip
     port, second = free_port(), free_port()
     web = FrontServer(front, "127.0.0.1", port, (Port(second, "--openai-port"),))
     web.start()

@@ -20,6 +20,7 @@ import re
 import anyio
 import httpx
 from bucketserve.serving.front.admission import Admission
+from bucketserve.serving.front.allowlist import AccessPolicy
 from bucketserve.serving.front.errors import BUSY_MARK, error
 from bucketserve.serving.front.generate import GenerateRelay
 from bucketserve.serving.front.guard import BodyTooLarge, check_request, forward_headers
@@ -41,11 +42,14 @@ class Front:
     """Routes, the upstream clients and the one admission point the shutdown drain waits on.
 
     `openai`: the OpenAI routes' settings (serving/openai/app.py), None for none; `metrics_url`:
-    Triton's Prometheus endpoint, whose page /metrics appends to the edge's own."""
+    Triton's Prometheus endpoint, whose page /metrics appends to the edge's own; `policy`: who
+    may use which path (default: the entry models only, no keys); `grpc_metadata`: sent with
+    every gRPC call to Triton (its API key, when Triton's gRPC port requires one)."""
 
     def __init__(
         self, health: Health, metrics: FrontMetrics, max_request_bytes: int, grpc_target: str,
         max_concurrent: int = 0, openai=None, metrics_url: str = "",
+        policy: AccessPolicy | None = None, grpc_metadata: tuple = (),
     ) -> None:  # fmt: skip
         self.health = health
         self.metrics = metrics
@@ -53,7 +57,7 @@ class Front:
         self.metrics_url = metrics_url
         self.client: httpx.AsyncClient | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # uvicorn's, once it serves
-        self.generate = GenerateRelay(grpc_target, health, metrics, self)
+        self.generate = GenerateRelay(grpc_target, health, metrics, self, grpc_metadata)
         routes = [
             Route("/v2/health/ready", self.ready, methods=["GET"]),
             Route("/v2/health/live", self.live, methods=["GET"]),
@@ -66,7 +70,7 @@ class Front:
             routes.append(Mount("/v1", app=create_app(openai, self.generate.pool, self)))
         routes.append(Route("/{path:path}", self.proxy, methods=["GET", "POST", "PUT", "DELETE"]))
         app = Starlette(routes=routes, lifespan=self.lifespan)
-        self.admission = Admission(app, health, metrics, max_concurrent)
+        self.admission = Admission(app, health, metrics, max_concurrent, policy)
         self.app = self.admission
 
     @property

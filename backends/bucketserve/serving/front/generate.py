@@ -57,10 +57,12 @@ async def documents(answers, model: str, version: str) -> AsyncIterator[dict]:
 class GenerateRelay:
     """Serves the generate endpoints from Triton's gRPC port (a few shared streams)."""
 
-    def __init__(self, target: str, health: Health, metrics: FrontMetrics, front) -> None:
+    def __init__(
+        self, target: str, health: Health, metrics: FrontMetrics, front, metadata: tuple = ()
+    ) -> None:
         self.health, self.metrics = health, metrics
         self.front = front  # its went_away / cause: one account of a failed server for both paths
-        self.pool = StreamPool(target)  # the edge's one pool: OpenAI routes use it too
+        self.pool = StreamPool(target, metadata=metadata)  # the edge's one pool, OpenAI's too
         self.specs: dict[tuple[str, str, int], dict] = {}  # per model, version, server start
 
     async def open(self) -> None:

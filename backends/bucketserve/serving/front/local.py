@@ -3,13 +3,19 @@ server tests and benchmarks start Triton themselves, without the supervisor)."""
 
 from __future__ import annotations
 
+from bucketserve.serving.front.allowlist import grpc_metadata
 from bucketserve.serving.front.app import Front
 from bucketserve.serving.front.health import READY, Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from bucketserve.serving.front.server import FrontServer
 from bucketserve.serving.launcher import TritonServer
 from bucketserve.serving.ports import Port, free_port
-from bucketserve.serving.service import grpc_target, openai_settings, triton_metrics_url
+from bucketserve.serving.service import (
+    access_policy,
+    grpc_target,
+    openai_settings,
+    triton_metrics_url,
+)
 
 
 class LocalEdge:
@@ -22,7 +28,8 @@ class LocalEdge:
         health = Health()
         health.set(READY, upstream=f"http://{server.http_url}")
         self.front = Front(health, FrontMetrics(), cfg.max_request_bytes, grpc_target(cfg),
-                           max_concurrent, openai_settings(cfg), triton_metrics_url(cfg))  # fmt: skip
+                           max_concurrent, openai_settings(cfg), triton_metrics_url(cfg),
+                           access_policy(cfg), grpc_metadata(cfg.api_key))  # fmt: skip
         self.port = free_port()
         more = (Port(cfg.openai_port, "--openai-port"),) if cfg.openai_port else ()
         self.web = FrontServer(self.front, "127.0.0.1", self.port, more)
