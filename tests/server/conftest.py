@@ -9,9 +9,7 @@ from bucketserve.serving.front.local import LocalEdge
 from bucketserve.serving.launcher import TritonServer
 from bucketserve.serving.ports import free_port
 
-Fronted = LocalEdge  # a TritonServer reached as `bucketserve serve` users reach it: the edge
-
-__all__ = ["Fronted", "free_port", "start_server"]
+__all__ = ["free_port", "start_server"]  # free_port: for the tests that import it from here
 
 
 def server_state(server: TritonServer) -> str:
@@ -40,12 +38,12 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.when == "call" and report.failed:
         for name, value in getattr(item, "funcargs", {}).items():
-            value = value.server if isinstance(value, Fronted) else value
+            value = value.server if isinstance(value, LocalEdge) else value
             if isinstance(value, TritonServer):
                 report.sections.append((f"server state ({name})", server_state(value)))
 
 
-def start_server(tmp_path_factory, **overrides) -> Fronted:
+def start_server(tmp_path_factory, **overrides) -> LocalEdge:
     run_dir = tmp_path_factory.mktemp("run")
     cfg = ServeConfig(
         http_port=free_port(),
@@ -59,7 +57,7 @@ def start_server(tmp_path_factory, **overrides) -> Fronted:
     server.start()
     try:
         server.wait_ready(timeout_s=600)
-        return Fronted(server)
+        return LocalEdge(server)  # as `bucketserve serve` users reach it: through the edge
     except BaseException:
         server.stop()
         raise

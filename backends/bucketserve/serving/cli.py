@@ -95,6 +95,10 @@ def add_security_args(p: argparse.ArgumentParser) -> None:
         " stay open)",
     )  # fmt: skip
     p.add_argument(
+        "--metrics-need-api-key", action="store_true",
+        help="with --api-key, the edge's /metrics needs it too (health probes never do)",
+    )  # fmt: skip
+    p.add_argument(
         "--admin-key", default=os.environ.get("BUCKETSERVE_ADMIN_KEY", ""),
         help="open Triton's shared-memory, repository, trace and logging APIs to requests with"
         " the header 'admin-key: KEY' (gRPC: 'triton-grpc-protocol-admin-key'); default"
@@ -138,6 +142,7 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         openai_port=getattr(a, "openai_port", ServeConfig().openai_port),
         admin_key=getattr(a, "admin_key", ""),
         api_key=getattr(a, "api_key", ""),
+        metrics_need_api_key=getattr(a, "metrics_need_api_key", False),
     )
 
 

@@ -60,6 +60,7 @@ class ServeConfig:
     # security (serving/front/allowlist.py, docs/security.md); never written to run_config.json
     admin_key: str = field(default="", repr=False)  # opens Triton's admin APIs; "": closed
     api_key: str = field(default="", repr=False)  # required on v2, OpenAI and gRPC; "": open
+    metrics_need_api_key: bool = False  # the edge's /metrics behind the API key too
 
     def __post_init__(self) -> None:
         if self.policy not in KNOWN_POLICIES:

@@ -42,7 +42,8 @@ def public_ports(cfg: ServeConfig) -> list[Port]:
 
 def access_policy(cfg: ServeConfig) -> AccessPolicy:
     """The entry models only; the keys from the command line (or environment)."""
-    return AccessPolicy(admin_key=cfg.admin_key, api_key=cfg.api_key)
+    return AccessPolicy(admin_key=cfg.admin_key, api_key=cfg.api_key,
+                        metrics_need_key=cfg.metrics_need_api_key)  # fmt: skip
 
 
 def openai_settings(cfg: ServeConfig) -> Settings:

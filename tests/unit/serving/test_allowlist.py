@@ -79,3 +79,10 @@ def test_keys_are_validated_and_never_written_to_the_run_config(tmp_path):
     text = (tmp_path / "run_config.json").read_text()
     assert "k3y" not in text and "s3cret" not in text
     assert ServeConfig.read(tmp_path / "run_config.json").api_key == ""
+
+
+def test_metrics_can_need_the_key_health_never_does():
+    policy = AccessPolicy(api_key="k3y-for-clients", metrics_need_key=True)
+    assert policy.check("/metrics", {}).status == 401
+    assert policy.check("/metrics", {"authorization": "Bearer k3y-for-clients"}) is None
+    assert policy.check("/v2/health/ready", {}) is None and policy.check("/health", {}) is None

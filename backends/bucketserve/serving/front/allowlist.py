@@ -7,7 +7,7 @@ internal details. Triton's shared-memory (system and CUDA), model-repository, tr
 APIs answer 403 unless an admin key is configured and sent (header `admin-key`, Triton's own
 restricted-API style): registering a shared-memory region lets a client read or write any
 /dev/shm segment of the host, the KV pools included. With an API key every route but health and
-metrics needs `Authorization: Bearer <key>` (401 otherwise).
+metrics (those too with `metrics_need_key`) needs `Authorization: Bearer <key>` (401 otherwise).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ ADMIN_GROUPS = ("shared-memory", "model-repository", "trace", "logging")
 ADMIN_PREFIXES = ("/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/repository",
                   "/v2/trace", "/v2/logging", "/v2/models/stats")  # fmt: skip
 OPEN = frozenset({"/v2", "/v2/health/live", "/v2/health/ready", "/health", "/metrics"})
-UNAUTHENTICATED = frozenset({"/v2/health/live", "/v2/health/ready", "/health", "/metrics"})
+HEALTH = frozenset({"/v2/health/live", "/v2/health/ready", "/health"})  # probes: never keyed
 MODEL_PATH = re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?(?P<action>/.*)?")
 MODEL_ACTIONS = frozenset({None, "/ready", "/config", "/stats", "/infer", "/generate",
                            "/generate_stream"})  # fmt: skip
@@ -49,11 +49,13 @@ class AccessPolicy:
     public_models: frozenset[str] | None = ENTRY_MODELS
     admin_key: str = ""
     api_key: str = ""
+    metrics_need_key: bool = False  # /metrics behind the API key too (health never is)
 
     def check(self, path: str, headers: Mapping[str, str]) -> Refusal | None:
         """None if the request may go on, else the Refusal to answer with."""
         is_admin = bool(self.admin_key) and same(headers.get(ADMIN_HEADER, ""), self.admin_key)
-        if self.api_key and not is_admin and path not in UNAUTHENTICATED:
+        keyless = path in HEALTH or (path == "/metrics" and not self.metrics_need_key)
+        if self.api_key and not is_admin and not keyless:
             if not same(bearer(headers.get("authorization", "")), self.api_key):
                 return Refusal(401, "unauthenticated", "missing or wrong API key: send the"
                                " header 'Authorization: Bearer <key>' (--api-key)")  # fmt: skip
