@@ -127,3 +127,33 @@ def test_banner_lists_only_the_ports_that_listen():
     assert "OpenAI   http://127.0.0.1:18290/v1, http://127.0.0.1:9000/v1" in banner(
         ServeConfig(http_port=18290), "log"
     )
+
+
+def hang_up_after_sending(url: str, path: str, body: bytes) -> None:
+    """POST `body`, wait until the edge is working on it, then close the connection."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v2/models/stream/generate", b'{"text_input": "x"}'),
+     ("/v1/completions", b'{"model": "m", "prompt": "x"}')],
+)  # fmt: skip
+def test_a_client_that_hangs_up_on_a_whole_answer_stops_its_request(edge, path, body):
+    """One cancellation path: v2 `generate` and a non-streamed OpenAI request alike send the
+    `stop` for a request whose client left before the answer was ready."""
+    base, _, grpc_up, _, front = edge
+    hang_up_after_sending(base, path, body)
+    assert grpc_up.seen and not grpc_up.stopped  # working on it until the client left
+    deadline = time.monotonic() + 5
+    while not grpc_up.stopped and time.monotonic() < deadline:
+        time.sleep(0.02)
+    generation = [r for r in grpc_up.seen if r.id in grpc_up.stopped]
+    assert generation, "no stop request named the abandoned request"
+    while front.inflight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert front.inflight == 0

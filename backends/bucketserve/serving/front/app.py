@@ -149,7 +149,8 @@ class Front:
         found = GENERATE.fullmatch(request.url.path)
         if found and request.method == "POST":
             model, version, kind = found.groups()
-            return await self.generate.handle(model, version or "", body, kind == "generate_stream")
+            stream = kind == "generate_stream"
+            return await self.generate.handle(model, version or "", body, stream, request)
         return await self.relay(request, body)
 
     async def relay(self, request: Request, body: bytes) -> Response:

@@ -15,11 +15,13 @@ import json
 from collections.abc import AsyncIterator
 
 import grpc
+from bucketserve.serving.front.disconnect import ClientGone, unless_disconnected
 from bucketserve.serving.front.errors import BUSY_MARK, error
 from bucketserve.serving.front.generate_json import input_specs, tensor, to_request, to_response
 from bucketserve.serving.front.grpc_mux import Broken, StreamPool
 from bucketserve.serving.front.health import Health
 from bucketserve.serving.front.metrics import FrontMetrics
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from tritonclient.grpc import InferResult
 
@@ -77,8 +79,11 @@ class GenerateRelay:
             self.specs[key] = input_specs(await self.pool.metadata(model, version))
         return self.specs[key]
 
-    async def handle(self, model: str, version: str, body: bytes, stream: bool) -> Response:
-        """One generate request whose body the edge has already bounded and checked."""
+    async def handle(
+        self, model: str, version: str, body: bytes, stream: bool, request: Request | None = None
+    ) -> Response:
+        """One generate request whose body the edge has already bounded and checked; with
+        `request`, a client that hangs up before a whole answer is ready stops it."""
         try:
             doc = json.loads(body) if body.strip() else None
             specs = await self.input_specs(model, version)
@@ -96,9 +101,11 @@ class GenerateRelay:
         except ValueError as e:
             return error(400, str(e))
         answers = self.pool.generate(model, version, inputs, params, stop_inputs(specs))
-        return await self.respond(documents(answers, model, version or "1"), stream)
+        return await self.respond(documents(answers, model, version or "1"), stream, request)
 
-    async def respond(self, docs: AsyncIterator[dict], stream: bool) -> Response:
+    async def respond(
+        self, docs: AsyncIterator[dict], stream: bool, request: Request | None = None
+    ) -> Response:
         """Wait for the first answer: it sets the status (busy -> 503, an error -> 400)."""
         try:
             first = await anext(docs, None)
@@ -112,8 +119,13 @@ class GenerateRelay:
             if not stream:
                 return error(400, first["error"])
             return Response(event(first), 400, media_type=SSE)
-        if not stream:
+        if not stream and request is None:
             return await self.collect(first, docs)
+        if not stream:
+            try:
+                return await unless_disconnected(request, self.collect(first, docs))
+            except ClientGone:
+                return error(499, "client closed the request")  # nobody reads it
         return StreamingResponse(self.relay(first, docs), media_type=SSE)
 
     async def collect(self, first: dict | None, docs: AsyncIterator[dict]) -> Response:

@@ -17,13 +17,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from bucketserve.serving.front.disconnect import ClientGone, unless_disconnected
 from bucketserve.serving.front.errors import OVERLOAD
 from bucketserve.serving.openai import responses as R
 from bucketserve.serving.openai.protocol import ChatRequest, CompletionRequest, OpenAIError
 from bucketserve.serving.openai.triton import TritonError, build_inputs, generate
 
 FIELD = re.compile(r"^(?:sampling_parameters\.)?([a-z_]+)[= ]")
-DISCONNECT_POLL_S = 0.2
 
 
 @dataclass(slots=True)
@@ -164,14 +164,12 @@ async def _respond(request: Request, req, inputs: list, shape):
     if req.stream:
         with_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_sse(first, chunks, shape, with_usage), media_type="text/event-stream")  # fmt: skip
-    task = asyncio.ensure_future(_collect(first, chunks))
-    while not task.done():  # a client that hangs up cancels the generation (frees its KV)
-        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            await chunks.aclose()
-            raise OpenAIError(499, "client closed the request")
-    text, reason, entries, last = task.result()
+    try:  # a client that hangs up stops the generation (frees its KV), as on v2 routes
+        text, reason, entries, last = await unless_disconnected(request, _collect(first, chunks))
+    except ClientGone:
+        raise OpenAIError(499, "client closed the request") from None
+    finally:
+        await chunks.aclose()
     return shape.whole(
         text, reason, entries, R.usage(last.num_input_tokens, last.num_output_tokens)
     )
