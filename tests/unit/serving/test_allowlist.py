@@ -86,3 +86,19 @@ def test_metrics_can_need_the_key_health_never_does():
     assert policy.check("/metrics", {}).status == 401
     assert policy.check("/metrics", {"authorization": "Bearer k3y-for-clients"}) is None
     assert policy.check("/v2/health/ready", {}) is None and policy.check("/health", {}) is None
+
+
+def test_keys_come_from_the_command_line_or_the_environment(monkeypatch):
+    import bucketserve.serving.cli as cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_serve", lambda a: seen.setdefault("cfg", cli.serve_config(a)))
+    monkeypatch.setenv("BUCKETSERVE_API_KEY", "from-the-env-1")
+    cli.main(["serve", "--admin-key", "from-the-flag-2", "--metrics-need-api-key"])
+    cfg = seen["cfg"]
+    assert (cfg.api_key, cfg.admin_key, cfg.metrics_need_api_key) == (
+        "from-the-env-1", "from-the-flag-2", True)  # fmt: skip
+    seen.clear()
+    monkeypatch.delenv("BUCKETSERVE_API_KEY")
+    cli.main(["serve"])
+    assert (seen["cfg"].api_key, seen["cfg"].admin_key) == ("", "")
