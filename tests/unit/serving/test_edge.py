@@ -55,7 +55,7 @@ def test_one_cap_for_v2_and_openai_routes_in_each_routes_shape(edge):
         held = [pool.submit(sse_events, f"{base}/v2/models/stream/generate_stream")
                 for _ in range(2)]  # fmt: skip
         deadline = time.monotonic() + 5
-        while front.inflight < 2 and time.monotonic() < deadline:
+        while (front.inflight < 2 or len(grpc_up.seen) < 2) and time.monotonic() < deadline:
             time.sleep(0.02)
         sent = len(grpc_up.seen)
         r = requests.post(f"{second}/v1/completions", json={"model": "m", "prompt": "x"})

@@ -106,6 +106,16 @@ class GenerateRelay:
     async def respond(
         self, docs: AsyncIterator[dict], stream: bool, request: Request | None = None
     ) -> Response:
+        """The response; with `request`, a client that hangs up before the first answer (a
+        stream) or the whole answer (generate) stops the request (front/disconnect.py)."""
+        if request is None:
+            return await self.first_answer(docs, stream)
+        try:
+            return await unless_disconnected(request, self.first_answer(docs, stream))
+        except ClientGone:
+            return error(499, "client closed the request")  # nobody reads it
+
+    async def first_answer(self, docs: AsyncIterator[dict], stream: bool) -> Response:
         """Wait for the first answer: it sets the status (busy -> 503, an error -> 400)."""
         try:
             first = await anext(docs, None)
@@ -119,13 +129,8 @@ class GenerateRelay:
             if not stream:
                 return error(400, first["error"])
             return Response(event(first), 400, media_type=SSE)
-        if not stream and request is None:
-            return await self.collect(first, docs)
         if not stream:
-            try:
-                return await unless_disconnected(request, self.collect(first, docs))
-            except ClientGone:
-                return error(499, "client closed the request")  # nobody reads it
+            return await self.collect(first, docs)
         return StreamingResponse(self.relay(first, docs), media_type=SSE)
 
     async def collect(self, first: dict | None, docs: AsyncIterator[dict]) -> Response:

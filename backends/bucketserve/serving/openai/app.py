@@ -156,23 +156,28 @@ def triton_error(message: str) -> OpenAIError:
 
 
 async def _respond(request: Request, req, inputs: list, shape):
+    """A client that hangs up before the first chunk (a stream) or the whole answer stops
+    the generation (frees its KV), as on v2 routes (front/disconnect.py)."""
     chunks = generate(request.app.state.pool, inputs)
     try:
-        first = await anext(chunks)
-    except TritonError as e:
-        raise triton_error(str(e)) from None
-    if req.stream:
-        with_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_sse(first, chunks, shape, with_usage), media_type="text/event-stream")  # fmt: skip
-    try:  # a client that hangs up stops the generation (frees its KV), as on v2 routes
-        text, reason, entries, last = await unless_disconnected(request, _collect(first, chunks))
+        return await unless_disconnected(request, _answer(req, chunks, shape))
     except ClientGone:
-        raise OpenAIError(499, "client closed the request") from None
-    finally:
         await chunks.aclose()
-    return shape.whole(
-        text, reason, entries, R.usage(last.num_input_tokens, last.num_output_tokens)
-    )
+        raise OpenAIError(499, "client closed the request") from None
+
+
+async def _answer(req, chunks, shape):
+    try:
+        first = await anext(chunks)
+        if req.stream:
+            with_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(_sse(first, chunks, shape, with_usage), media_type="text/event-stream")  # fmt: skip
+        text, reason, entries, last = await _collect(first, chunks)
+    except TritonError as e:
+        await chunks.aclose()
+        raise triton_error(str(e)) from None
+    u = R.usage(last.num_input_tokens, last.num_output_tokens)
+    return shape.whole(text, reason, entries, u)
 
 
 async def _collect(first, chunks):
