@@ -16,7 +16,13 @@ from pathlib import Path
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.front.allowlist import ADMIN_GROUPS, ADMIN_HEADER, API_KEY_HEADER
 from bucketserve.serving.ports import Port, check_free, triton_port_error
-from bucketserve.serving.procs import die_with_parent, kill_tree, reap_children, stubs_of
+from bucketserve.serving.procs import (
+    RUN_CONFIG_ENV,
+    die_with_parent,
+    kill_tree,
+    reap_children,
+    stubs_of,
+)
 from bucketserve.serving.repository import render
 from bucketserve.serving.triton_env import assemble_backends, find_triton, server_env
 
@@ -106,7 +112,7 @@ class TritonServer:
         install = find_triton()
         repo = render(self.cfg, self.run_dir)
         backends = assemble_backends(install, self.run_dir)
-        env = server_env(install, {"BUCKETSERVE_RUN_CONFIG": str(self.run_dir / "run_config.json")})
+        env = server_env(install, {RUN_CONFIG_ENV: str(self.run_dir / "run_config.json")})
         if self.log_path.exists():  # a restart keeps the log of the server that died
             self.log_path.replace(self.log_path.with_suffix(".log.prev"))
         log = open(self.log_path, "wb")
