@@ -68,13 +68,15 @@ server.wait_for_termination()
 
 FRONT = """
 import sys, time
+from bucketserve.serving.front.allowlist import AccessPolicy
 from bucketserve.serving.front.app import Front
 from bucketserve.serving.front.health import READY, Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from bucketserve.serving.front.server import FrontServer
 health = Health()
 health.set(READY, upstream="http://127.0.0.1:9")  # only generate is asked for: never used
-front = Front(health, FrontMetrics(), 1 << 22, sys.argv[2])
+# the stand-in model "m" is not one of ours: no allow-list
+front = Front(health, FrontMetrics(), 1 << 22, sys.argv[2], policy=AccessPolicy(public_models=None))
 FrontServer(front, "127.0.0.1", int(sys.argv[1])).start()
 time.sleep(3600)
 """

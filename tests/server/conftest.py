@@ -2,48 +2,14 @@
 
 from __future__ import annotations
 
-import socket
-
 import psutil
 import pytest
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.front.app import Front
-from bucketserve.serving.front.health import READY, Health
-from bucketserve.serving.front.metrics import FrontMetrics
-from bucketserve.serving.front.server import FrontServer
+from bucketserve.serving.front.local import LocalEdge
 from bucketserve.serving.launcher import TritonServer
-from bucketserve.serving.service import grpc_target
+from bucketserve.serving.ports import free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Fronted:
-    """A TritonServer reached as `bucketserve serve` users reach it: HTTP through the front
-    (serving/front: guarded Triton HTTP API, generate over gRPC); all else is the server's."""
-
-    def __init__(self, server: TritonServer) -> None:
-        self.server = server
-        health = Health()
-        health.set(READY, upstream=f"http://{server.http_url}")
-        front = Front(health, FrontMetrics(), server.cfg.max_request_bytes, grpc_target(server.cfg))
-        self.port = free_port()
-        self.web = FrontServer(front, "127.0.0.1", self.port)
-        self.web.start()
-
-    @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def __getattr__(self, name: str):
-        return getattr(self.server, name)
-
-    def stop(self) -> None:
-        self.web.stop()
-        self.server.stop()
+__all__ = ["free_port", "start_server"]  # free_port: for the tests that import it from here
 
 
 def server_state(server: TritonServer) -> str:
@@ -72,26 +38,26 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.when == "call" and report.failed:
         for name, value in getattr(item, "funcargs", {}).items():
-            value = value.server if isinstance(value, Fronted) else value
+            value = value.server if isinstance(value, LocalEdge) else value
             if isinstance(value, TritonServer):
                 report.sections.append((f"server state ({name})", server_state(value)))
 
 
-def start_server(tmp_path_factory, **overrides) -> Fronted:
+def start_server(tmp_path_factory, **overrides) -> LocalEdge:
     run_dir = tmp_path_factory.mktemp("run")
     cfg = ServeConfig(
         http_port=free_port(),
         grpc_port=free_port(),
         metrics_port=free_port(),
         run_dir=str(run_dir),
-        # the OpenAI front only where a test asks for it
+        # the OpenAI port only where a test asks for it (the routes are on the edge's port too)
         **({"kv_cache_gb": 0.5, "max_model_len": 2048, "openai_port": 0} | overrides),
     )
     server = TritonServer(cfg)
     server.start()
     try:
         server.wait_ready(timeout_s=600)
-        return Fronted(server)
+        return LocalEdge(server)  # as `bucketserve serve` users reach it: through the edge
     except BaseException:
         server.stop()
         raise

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 import uuid
@@ -97,9 +99,9 @@ def assert_blocks_in_use(server) -> None:
     raise AssertionError(f"decode blocks never showed in use: {kv_blocks(server)}")
 
 
-def assert_blocks_return(server, label: str) -> None:
+def assert_blocks_return(server, label: str, n: int = N) -> None:
     waited, blocks = wait_all_blocks_free(server, timeout_s=RETURN_BOUND_S)
-    print(f"{label}: all KV blocks free {waited:.2f}s after cancelling {N} streams: {blocks}")
+    print(f"{label}: all KV blocks free {waited:.2f}s after cancelling {n} requests: {blocks}")
     assert all(free == total for free, total in blocks.values()), blocks
 
 
@@ -143,6 +145,31 @@ def test_http_disconnect(server, model):
     for t in threads:
         t.join()
     assert_blocks_return(server, f"HTTP disconnect ({model})")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v2/models/bucketserve/generate", {"text_input": "Tell a long story."}),
+     ("/v1/completions", {"model": "smollm2", "prompt": "Tell a long story."})],
+)  # fmt: skip
+def test_http_disconnect_before_a_whole_answer(server, path, body):
+    """A non-streamed request whose client hangs up is stopped the same way (the edge
+    watches the connection while it collects the answer), v2 and OpenAI alike."""
+    doc = json.dumps({**body, "max_tokens": LONG, "min_tokens": LONG}).encode()
+    host, port = server.http_url.split(":")
+    socks = []
+    for _ in range(4):
+        s = socket.create_connection((host, int(port)))
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(doc)}\r\n\r\n".encode() + doc)  # fmt: skip
+        socks.append(s)
+    deadline = time.monotonic() + 120
+    while kv_blocks(server)["decode0"][0] == kv_blocks(server)["decode0"][1]:
+        assert time.monotonic() < deadline, kv_blocks(server)
+        time.sleep(0.1)
+    for s in socks:
+        s.close()
+    assert_blocks_return(server, f"HTTP disconnect before a whole answer ({path})", len(socks))
 
 
 def test_stop_request_on_ensemble(server):

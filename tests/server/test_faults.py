@@ -24,7 +24,7 @@ QUEUE_LIMIT = 8
 MB = 1_000_000
 G = "/v2/models/bucketserve/generate"
 GS = "/v2/models/bucketserve/generate_stream"
-INFER = "/v2/models/preprocessing/infer"  # HTTP infer needs a non-decoupled model
+INFER = "/v2/models/bucketserve/infer"  # refused at the edge before Triton sees it
 FORM = "application/x-www-form-urlencoded"
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(1200)]

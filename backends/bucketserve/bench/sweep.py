@@ -17,6 +17,7 @@ from bucketserve.bench.loadgen import LoadConfig, run_open_loop, warm_up
 from bucketserve.bench.metrics import RunSummary, summarize
 from bucketserve.bench.records import RequestRecord, write_jsonl
 from bucketserve.bench.workloads import BenchRequest
+from bucketserve.serving.front.local import LocalEdge
 
 IDLE_TIMEOUT_S = 60.0  # after each rate: wait for the server to drain before the next one
 WARMUP_TIMEOUT_S = 90.0
@@ -131,15 +132,19 @@ def run_sweep(
     t_start = time.perf_counter()
     result = SweepResult(target, [], {}, 0.0)
     try:
-        with server_for(target, plan, out / "run") as srv:
-            result.start_s = time.perf_counter() - t_start
-            print(f"[{target.label}] server ready in {result.start_s:.0f} s", flush=True)
-            warm = warm_up_requests(reqs, plan.warmup_requests)
-            warm_up(warm, LoadConfig(url=srv.grpc_url, drain_s=WARMUP_TIMEOUT_S), n=len(warm))
-            rates = plan.rates or auto_rates(srv.grpc_url, target.label)
-            _measure_rates(srv, result, reqs, unit_times, rates, plan, out)
-            if after is not None:
-                result.extra = after(srv)
+        with server_for(target, plan, out / "run") as raw:
+            srv = LocalEdge(raw)  # the HTTP edge (v2 and OpenAI routes) as users reach it
+            try:
+                result.start_s = time.perf_counter() - t_start
+                print(f"[{target.label}] server ready in {result.start_s:.0f} s", flush=True)
+                warm = warm_up_requests(reqs, plan.warmup_requests)
+                warm_up(warm, LoadConfig(url=srv.grpc_url, drain_s=WARMUP_TIMEOUT_S), n=len(warm))
+                rates = plan.rates or auto_rates(srv.grpc_url, target.label)
+                _measure_rates(srv, result, reqs, unit_times, rates, plan, out)
+                if after is not None:
+                    result.extra = after(srv)
+            finally:
+                srv.web.stop()
     except Exception as e:
         result.error = f"{type(e).__name__}: {str(e)[-600:]}"
         print(f"[{target.label}] FAILED: {result.error}", flush=True)

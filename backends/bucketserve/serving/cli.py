@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from bucketserve.serving.config import KNOWN_POLICIES, TOPOLOGIES, ServeConfig
@@ -95,10 +96,31 @@ def fault_fields(a: argparse.Namespace) -> dict:
     }
 
 
+def add_security_args(p: argparse.ArgumentParser) -> None:
+    """Keys of the public endpoints (docs/security.md); the environment keeps them off `ps`."""
+    p.add_argument(
+        "--api-key", default=os.environ.get("BUCKETSERVE_API_KEY", ""),
+        help="require 'Authorization: Bearer KEY' on v2 and OpenAI routes and the gRPC header"
+        " 'triton-grpc-protocol-api-key: KEY' (default $BUCKETSERVE_API_KEY; health and metrics"
+        " stay open)",
+    )  # fmt: skip
+    p.add_argument(
+        "--metrics-need-api-key", action="store_true",
+        help="with --api-key, the edge's /metrics needs it too (health probes never do)",
+    )  # fmt: skip
+    p.add_argument(
+        "--admin-key", default=os.environ.get("BUCKETSERVE_ADMIN_KEY", ""),
+        help="open Triton's shared-memory, repository, trace and logging APIs to requests with"
+        " the header 'admin-key: KEY' (gRPC: 'triton-grpc-protocol-admin-key'); default"
+        " $BUCKETSERVE_ADMIN_KEY, unset: closed (403)",
+    )  # fmt: skip
+
+
 def add_openai_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--openai-port", type=int, default=ServeConfig().openai_port,
-        help="OpenAI-compatible API port (/v1/chat/completions ...); 0 disables it",
+        help="a second port of the HTTP edge for the OpenAI-compatible API (/v1/chat/completions"
+        " ...; also served on --http-port); 0: the HTTP port only",
     )  # fmt: skip
 
 
@@ -130,13 +152,21 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         scheduler=a.scheduler,
         **fault_fields(a),
         openai_port=getattr(a, "openai_port", ServeConfig().openai_port),
+        admin_key=getattr(a, "admin_key", ""),
+        api_key=getattr(a, "api_key", ""),
+        metrics_need_api_key=getattr(a, "metrics_need_api_key", False),
     )
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    from bucketserve.serving.ports import PortUnavailable
     from bucketserve.serving.service import serve
 
-    return serve(serve_config(a), log=lambda line: print(line, flush=True))
+    try:
+        return serve(serve_config(a), log=lambda line: print(line, flush=True))
+    except PortUnavailable as e:  # a start that cannot listen is an error, not a traceback
+        print(f"bucketserve serve: error: {e}", file=sys.stderr, flush=True)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="start the Triton server")
     add_serve_args(serve)
     add_openai_args(serve)
+    add_security_args(serve)
     sub.add_parser("generate", help="one request to a running server", add_help=False)
     sub.add_parser("chat", help="interactive chat with a running server", add_help=False)
     sub.add_parser(

@@ -19,6 +19,7 @@ CHUNK_TOKENS_PER_CPU_THREAD = 32
 CHUNK_TOKENS_GPU = 512  # Sarathi-Serve's usual budget on a GPU
 DEFAULT_MODEL = "smollm2"
 MAX_REQUEST_BYTES_LIMIT = 64 * 1024 * 1024  # the front holds one body in memory per request
+SECRET_FIELDS = ("admin_key", "api_key")
 
 
 @dataclass(slots=True)
@@ -67,7 +68,11 @@ class ServeConfig:
     max_concurrent_requests: int = 0  # requests in flight at the front; 0: no cap
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
     restart_backoff_max_s: float = 30.0  # supervisor: longest wait between restarts
-    openai_port: int = 9000  # the OpenAI-compatible front end's port; 0: do not start it
+    openai_port: int = 9000  # a second port of the HTTP edge (OpenAI clients); 0: none
+    # security (serving/front/allowlist.py, docs/security.md); never written to run_config.json
+    admin_key: str = field(default="", repr=False)  # opens Triton's admin APIs; "": closed
+    api_key: str = field(default="", repr=False)  # required on v2, OpenAI and gRPC; "": open
+    metrics_need_api_key: bool = False  # the edge's /metrics behind the API key too
 
     def __post_init__(self) -> None:
         if self.policy not in KNOWN_POLICIES:
@@ -115,6 +120,11 @@ class ServeConfig:
         if self.run_id and not re.match(r"^[A-Za-z0-9]{1,12}$", self.run_id):
             raise ValueError(f"run_id must be 1-12 letters or digits, got {self.run_id!r}")
         self.check_fault_fields()
+        for name in SECRET_FIELDS:
+            key = getattr(self, name)
+            if key and (len(key) < 8 or not key.isprintable() or " " in key or "," in key):
+                raise ValueError(f"{name} must be 8 or more printable characters without spaces"
+                                 f" or commas (got {len(key)} characters)")  # fmt: skip
         # Unknown or invalid options fail here. The model's context length is not known yet:
         # check against the configured one, else the smallest, so no limit that depends on it
         # (e.g. max_batched_tokens >= max_model_len) rejects a value the real model accepts.
@@ -174,7 +184,9 @@ class ServeConfig:
         return Path(self.run_dir).resolve()
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=2))
+        """run_config.json for the models: every setting but the keys (the stubs need none)."""
+        doc = {k: v for k, v in asdict(self).items() if k not in SECRET_FIELDS}
+        path.write_text(json.dumps(doc, indent=2))
 
     @classmethod
     def read(cls, path: str | Path) -> ServeConfig:

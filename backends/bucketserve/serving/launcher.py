@@ -7,7 +7,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +14,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.procs import die_with_parent, kill_tree, reap_children, stubs_of
+from bucketserve.serving.front.allowlist import ADMIN_GROUPS, ADMIN_HEADER, API_KEY_HEADER
+from bucketserve.serving.ports import Port, check_free, triton_port_error
+from bucketserve.serving.procs import (
+    RUN_CONFIG_ENV,
+    die_with_parent,
+    kill_tree,
+    reap_children,
+    stubs_of,
+)
 from bucketserve.serving.repository import render
 from bucketserve.serving.triton_env import assemble_backends, find_triton, server_env
 
@@ -45,7 +52,8 @@ class TritonServer:
         # behind the front (serving/front) Triton's HTTP listens on an internal loopback port
         self.internal_http = triton_http_port is not None
         self.http_port = cfg.http_port if triton_http_port is None else triton_http_port
-        self.openai: subprocess.Popen | None = None  # the OpenAI-compatible front end
+        # Triton's admin APIs answer only this key: the operator's, else one nobody knows
+        self.admin_key = cfg.admin_key or secrets.token_urlsafe(24)
 
     @property
     def http_url(self) -> str:
@@ -55,11 +63,6 @@ class TritonServer:
     @property
     def grpc_url(self) -> str:
         return f"{self.cfg.host}:{self.cfg.grpc_port}"
-
-    @property
-    def openai_url(self) -> str:
-        """The OpenAI-compatible front end (http://host:port, without /v1)."""
-        return f"http://{self.cfg.host}:{self.cfg.openai_port}"
 
     @property
     def metrics_url(self) -> str:
@@ -86,15 +89,30 @@ class TritonServer:
             "--metrics-config=summary_latencies=true",
             # the backend's own regions carry our run id, so clean_shm finds them after a crash
             f"--backend-config=python,shm-region-prefix-name={triton_shm_prefix(c.run_id)}",
+            *restricted_apis(c, self.admin_key),
+        ]
+
+    def ports(self) -> list[Port]:
+        """The ports tritonserver binds, with the flags that set them."""
+        http_flag = "the internal HTTP port" if self.internal_http else "--http-port"
+        return [
+            Port(self.http_port, http_flag),
+            Port(self.cfg.grpc_port, "--grpc-port"),
+            Port(self.cfg.metrics_port, "--metrics-port"),
         ]
 
     def start(self) -> None:
+        """Start tritonserver (not yet ready); PortUnavailable now if one of its ports is taken
+        (it would find out only after loading every model)."""
+        http_host = self.http_url.rsplit(":", 1)[0]
+        check_free(http_host, self.ports()[:1])
+        check_free(self.cfg.host, self.ports()[1:])
         self.run_dir.mkdir(parents=True, exist_ok=True)
         clean_shm(self.cfg.run_id)
         install = find_triton()
         repo = render(self.cfg, self.run_dir)
         backends = assemble_backends(install, self.run_dir)
-        env = server_env(install, {"BUCKETSERVE_RUN_CONFIG": str(self.run_dir / "run_config.json")})
+        env = server_env(install, {RUN_CONFIG_ENV: str(self.run_dir / "run_config.json")})
         if self.log_path.exists():  # a restart keeps the log of the server that died
             self.log_path.replace(self.log_path.with_suffix(".log.prev"))
         log = open(self.log_path, "wb")
@@ -106,16 +124,13 @@ class TritonServer:
             start_new_session=True,
             preexec_fn=die_with_parent,  # a killed launcher takes its server with it
         )
-        self.openai = start_openai(self.cfg, self.run_dir)
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
         """Poll /v2/health/ready; raise with the log's tail if the server exits or times out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"tritonserver exited ({self.proc.returncode}):\n{self.log_tail()}"
-                )
+                raise self.exit_error()
             if self.is_ready():
                 return
             time.sleep(0.5)
@@ -129,6 +144,13 @@ class TritonServer:
                 return resp.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
+
+    def exit_error(self) -> RuntimeError:
+        """Why tritonserver exited: a port it could not bind (named), else its log's tail."""
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return triton_port_error(text, self.cfg.host, self.ports()) or RuntimeError(
+            f"tritonserver exited ({self.proc.returncode}):\n{self.log_tail()}"
+        )
 
     def log_tail(self, n: int = 60) -> str:
         if not self.log_path.exists():
@@ -147,9 +169,8 @@ class TritonServer:
 
     def kill(self) -> None:
         """SIGKILL the server and every stub it started (also after it crashed), free its shm."""
-        stop_openai(self.openai)
         if self.proc is not None:
-            # a crashed server's stubs live on in its process group (fact 18): always kill it
+            # a crashed server's stubs live on in its process group (docs/platform-notes.md#p18-orphaned-stubs): always kill it
             stubs = [s.pid for s in stubs_of(self.proc.pid)]
             kill_tree(self.proc.pid, stubs)
             self.proc.wait()
@@ -169,30 +190,22 @@ class TritonServer:
         self.stop()
 
 
+def restricted_apis(cfg: ServeConfig, admin_key: str) -> list[str]:
+    """Triton's own ports: its admin API groups need `admin_key` (HTTP header `admin-key`, gRPC
+    `triton-grpc-protocol-admin-key`); with an API key, gRPC inference and metadata need it."""
+    groups = ",".join(ADMIN_GROUPS)
+    flags = [f"--http-restricted-api={groups}:{ADMIN_HEADER}={admin_key}",
+             f"--grpc-restricted-protocol={groups}:{ADMIN_HEADER}={admin_key}"]  # fmt: skip
+    if cfg.api_key:
+        flags.append(
+            f"--grpc-restricted-protocol=inference,metadata:{API_KEY_HEADER}={cfg.api_key}"
+        )
+    return flags
+
+
 def triton_shm_prefix(run_id: str) -> str:
     """Prefix of the Python backend's shared-memory regions for one run (default: triton_python_...)."""
     return f"bs_{run_id}_tpb_"
-
-
-def start_openai(cfg: ServeConfig, run_dir: Path) -> subprocess.Popen | None:
-    """The OpenAI-compatible front end as its own process (it talks gRPC to Triton)."""
-    if not cfg.openai_port:
-        return None
-    cmd = [sys.executable, "-m", "bucketserve.serving.openai", "--run-config",
-           str(run_dir / "run_config.json"), "--host", cfg.host, "--port", str(cfg.openai_port)]  # fmt: skip
-    log = open(run_dir / "openai.log", "wb")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-
-
-def stop_openai(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def clean_shm(run_id: str) -> None:

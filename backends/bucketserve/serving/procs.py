@@ -23,6 +23,8 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 STUB_NAME = "triton_python_backend_stub"
 PARENT_POLL_S = 1.0
+TRITON_COMM = "tritonserver"
+RUN_CONFIG_ENV = "BUCKETSERVE_RUN_CONFIG"  # set for tritonserver and its stubs by the launcher
 
 
 def _prctl(option: int, arg: int) -> None:
@@ -53,8 +55,13 @@ def exit_when_orphaned(poll_s: float = PARENT_POLL_S) -> None:
     """Start a watchdog that SIGKILLs this process once its parent (tritonserver) is gone.
 
     A separate `sh` process, not a thread: a stub stuck in finalize can hold the GIL forever
-    (seen: orphaned decode/prefill stubs of a server that died while unloading).
+    (seen: orphaned decode/prefill stubs of a server that died while unloading). A stub of a
+    run whose tritonserver is already gone when it gets here dies at once: seen, a decode stub
+    stopped (SIGSTOP) while loading, its server killed meanwhile, resumed as an orphan of pid 1
+    and watching pid 1 forever.
     """
+    if os.environ.get(RUN_CONFIG_ENV) and not is_tritonserver(os.getppid()):
+        os.kill(os.getpid(), signal.SIGKILL)
     me, parent = str(os.getpid()), str(os.getppid())
     subprocess.Popen(
         ["/bin/sh", "-c", WATCHDOG_SH, "bucketserve-stub-watchdog", me, parent, str(poll_s)],
@@ -62,6 +69,13 @@ def exit_when_orphaned(poll_s: float = PARENT_POLL_S) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def is_tritonserver(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == TRITON_COMM
+    except OSError:
+        return False
 
 
 @dataclass(slots=True, frozen=True)

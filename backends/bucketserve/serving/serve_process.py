@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,13 +18,10 @@ from pathlib import Path
 
 import psutil
 
+from bucketserve.serving.ports import free_port
 from bucketserve.serving.procs import STUB_NAME, stub_instance
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["ServeProcess", "free_port"]
 
 
 class ServeProcess:

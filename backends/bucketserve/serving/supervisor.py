@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -20,17 +19,12 @@ from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.front.health import DEGRADED, READY, STARTING, STOPPING, Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from bucketserve.serving.launcher import TritonServer
+from bucketserve.serving.ports import PortUnavailable, free_port
 from bucketserve.serving.procs import Stub, is_alive, stubs_of
 
 WATCH_INTERVAL_S = 0.2
 STABLE_S = 60.0  # healthy this long after a restart: the next failure starts the backoff over
 START_TIMEOUT_S = 600.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def exit_cause(returncode: int) -> str:
@@ -55,6 +49,7 @@ class Supervisor:
         self.stopping = threading.Event()
         self.server: TritonServer | None = None
         self.stubs: list[Stub] = []
+        self.port_error: PortUnavailable | None = None  # why the last start failed, if a port
 
     def request_stop(self) -> None:
         self.stopping.set()
@@ -75,8 +70,10 @@ class Supervisor:
                     return
                 if time.monotonic() - since > STABLE_S:
                     delay = 1.0
-            elif not ever_ready:
-                raise RuntimeError(f"{cause}:\n{self.server.log_tail()}")  # never served: config
+            elif not ever_ready:  # never served: a configuration error, not worth a retry
+                if self.port_error is not None:
+                    raise self.port_error
+                raise RuntimeError(f"{cause}:\n{self.server.log_tail()}")
             if self.stopping.is_set():
                 return
             self.fail(cause, part, delay)
@@ -86,8 +83,12 @@ class Supervisor:
 
     def start_once(self) -> tuple[str | None, str]:
         """A fresh server on a fresh internal port; (None, "") once ready, else (cause, part)."""
+        self.port_error = None
         try:
             return self.start_server()
+        except PortUnavailable as e:  # taken by another process: after a restart, retried
+            self.port_error = e
+            return str(e), "tritonserver"
         except Exception as e:  # e.g. the run folder could not be rendered: retry with backoff
             return f"tritonserver could not start: {type(e).__name__}: {e}", "tritonserver"
 
@@ -100,6 +101,10 @@ class Supervisor:
         while not self.stopping.wait(0.5):
             rc = self.server.proc.poll()
             if rc is not None:
+                error = self.server.exit_error()
+                if isinstance(error, PortUnavailable):
+                    self.port_error = error
+                    return str(error), "tritonserver"
                 return f"{exit_cause(rc)} during start-up", "tritonserver"
             if self.server.is_ready():
                 self.stubs = stubs_of(self.server.proc.pid)

@@ -25,6 +25,10 @@ def answer(req, out: str | None, final: bool, reason: str = ""):
         for name, value in (("text_output", out), ("finish_reason", reason)):
             r.outputs.add(name=name, datatype="BYTES", shape=[1])
             r.raw_output_contents.append(text([value]))
+        if req.model_name == "bucketserve_bls":  # what the OpenAI routes read besides
+            for name in ("num_input_tokens", "num_output_tokens"):
+                r.outputs.add(name=name, datatype="INT32", shape=[1])
+                r.raw_output_contents.append((1).to_bytes(4, "little"))
     r.parameters["triton_final_response"].bool_param = final
     return service_pb2.ModelStreamInferResponse(infer_response=r)
 

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from bucketserve.serving.front.allowlist import AccessPolicy
 from bucketserve.serving.front.app import Front
 from bucketserve.serving.front.health import DEGRADED, READY, Health
 from bucketserve.serving.front.metrics import FrontMetrics
@@ -22,6 +23,7 @@ from starlette.routing import Route
 from tests.unit.serving.grpc_upstream import GrpcUpstream
 
 LIMIT = 64 * 1024
+STAND_IN = AccessPolicy(public_models=None)  # the stand-in upstreams' models are not ours
 
 
 def free_port() -> int:
@@ -55,7 +57,7 @@ def setup():
     grpc_up.start()
     health, metrics = Health(), FrontMetrics()
     health.set(READY, upstream=f"http://127.0.0.1:{up.port}")
-    front = Front(health, metrics, LIMIT, grpc_up.target)
+    front = Front(health, metrics, LIMIT, grpc_up.target, policy=STAND_IN)
     port = free_port()
     web = FrontServer(front, "127.0.0.1", port)
     web.start()
@@ -197,7 +199,7 @@ def test_requests_beyond_the_concurrency_cap_are_busy_at_once(setup):
     with ThreadPoolExecutor(2) as pool:
         held = [pool.submit(sse_events, url) for _ in range(2)]
         deadline = time.monotonic() + 5
-        while front.inflight < 2 and time.monotonic() < deadline:
+        while (front.inflight < 2 or len(grpc_up.seen) < 2) and time.monotonic() < deadline:
             time.sleep(0.02)
         sent = len(grpc_up.seen)
         t0 = time.monotonic()

@@ -61,6 +61,16 @@ def test_stub_watchdog_holds_while_the_parent_lives():
     assert out.stdout.strip() == "alive"
 
 
+def test_a_stub_whose_tritonserver_is_already_gone_dies_at_once():
+    """A stub of a run (BUCKETSERVE_RUN_CONFIG set) whose parent is not tritonserver (it died
+    while the stub was still loading) must not live on watching its new parent."""
+    code = "from bucketserve.serving.procs import exit_when_orphaned as w; w(0.05); print('alive')"
+    env = {**os.environ, procs.RUN_CONFIG_ENV: "/nonexistent/run_config.json"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30, env=env)  # fmt: skip
+    assert out.returncode == -signal.SIGKILL and "alive" not in out.stdout
+
+
 def test_kill_tree_kills_the_group_and_reaps():
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
     procs.kill_tree(proc.pid, [])

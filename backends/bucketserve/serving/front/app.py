@@ -1,11 +1,14 @@
-"""The public HTTP port: Triton's HTTP API, guarded, with generate served over gRPC.
+"""The public HTTP edge: Triton's v2 API (guarded, generate over gRPC) and the OpenAI routes.
 
-It exists because Triton 2.51's HTTP front end crashes on some bodies (DESIGN fact 11) and cuts
-some generate_stream streams under load (issue 13): every body is read here first, bounded by
-`max_request_bytes`, and checked (front/guard.py) before one byte reaches Triton; `generate` and
-`generate_stream` go to Triton's gRPC streaming API (front/generate.py), everything else to its
-internal HTTP endpoint. It also answers readiness from the supervisor (not-ready while degraded
-or draining) and ends in-flight requests with an error that names why the server went away.
+One app in one process (a thread of the launcher) is the only public HTTP surface. Triton 2.51's
+HTTP front end crashes on some bodies and cuts some generate_stream streams under load
+(docs/platform-notes.md): every body is read here first, bounded by `max_request_bytes`, and
+checked (front/guard.py) before one byte reaches Triton; `generate` and `generate_stream` go to
+Triton's gRPC streaming API (front/generate.py), the OpenAI routes (serving/openai) to the same
+gRPC streams, everything else to Triton's internal loopback HTTP endpoint. One admission point
+(front/admission.py) answers readiness from the supervisor and caps requests in flight for every
+route; one error mapping (front/errors.py); in-flight requests end with an error that names why
+the server went away.
 """
 
 from __future__ import annotations
@@ -16,45 +19,69 @@ import re
 
 import anyio
 import httpx
-from bucketserve.serving.front.generate import BUSY_MARK, GenerateRelay, error
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+
+from bucketserve.serving.front.admission import Admission
+from bucketserve.serving.front.allowlist import AccessPolicy
+from bucketserve.serving.front.errors import BUSY_MARK, error
+from bucketserve.serving.front.generate import GenerateRelay
 from bucketserve.serving.front.guard import BodyTooLarge, check_request, forward_headers
 from bucketserve.serving.front.health import Health
 from bucketserve.serving.front.metrics import FrontMetrics
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
 CAUSE_WAIT_S = 1.0  # a reset may reach us before the supervisor has noticed the crash
 INLINE_CHECK_BYTES = 64 * 1024
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
 GENERATE = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/(generate|generate_stream)")
+PROMETHEUS = "text/plain; version=0.0.4"
 
 
 class Front:
-    """Routes, the upstream client and the in-flight count the shutdown drain waits on."""
+    """Routes, the upstream clients and the one admission point the shutdown drain waits on.
+
+    `openai`: the OpenAI routes' settings (serving/openai/app.py), None for none; `metrics_url`:
+    Triton's Prometheus endpoint, whose page /metrics appends to the edge's own; `policy`: who
+    may use which path (default: the entry models only, no keys); `grpc_metadata`: sent with
+    every gRPC call to Triton (its API key, when Triton's gRPC port requires one)."""
 
     def __init__(
         self, health: Health, metrics: FrontMetrics, max_request_bytes: int, grpc_target: str,
-        max_concurrent: int = 0,
+        max_concurrent: int = 0, openai=None, metrics_url: str = "",
+        policy: AccessPolicy | None = None, grpc_metadata: tuple = (),
     ) -> None:  # fmt: skip
         self.health = health
         self.metrics = metrics
         self.max_request_bytes = max_request_bytes
-        self.max_concurrent = max_concurrent  # inference requests in flight; 0: no cap
-        self.proxied = 0  # requests relayed over HTTP now
+        self.metrics_url = metrics_url
         self.client: httpx.AsyncClient | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # uvicorn's, once it serves
-        self.generate = GenerateRelay(grpc_target, health, metrics, self)
-        self.app = Starlette(
-            routes=[
-                Route("/v2/health/ready", self.ready, methods=["GET"]),
-                Route("/v2/health/live", self.live, methods=["GET"]),
-                Route("/metrics", self.prometheus, methods=["GET"]),
-                Route("/{path:path}", self.proxy, methods=["GET", "POST", "PUT", "DELETE"]),
-            ],
-            lifespan=self.lifespan,
-        )
+        self.generate = GenerateRelay(grpc_target, health, metrics, self, grpc_metadata)
+        routes = [
+            Route("/v2/health/ready", self.ready, methods=["GET"]),
+            Route("/v2/health/live", self.live, methods=["GET"]),
+            Route("/health", self.health_status, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+        ]
+        if openai is not None:
+            from bucketserve.serving.openai.app import create_app
+
+            routes.append(Mount("/v1", app=create_app(openai, self.generate.pool, self)))
+        routes.append(Route("/{path:path}", self.proxy, methods=["GET", "POST", "PUT", "DELETE"]))
+        app = Starlette(routes=routes, lifespan=self.lifespan)
+        self.admission = Admission(app, health, metrics, max_concurrent, policy)
+        self.app = self.admission
+
+    @property
+    def max_concurrent(self) -> int:
+        """Inference requests (POSTs) in flight over every route; 0: no cap."""
+        return self.admission.limit
+
+    @max_concurrent.setter
+    def max_concurrent(self, limit: int) -> None:
+        self.admission.limit = limit
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
@@ -77,8 +104,8 @@ class Front:
 
     @property
     def inflight(self) -> int:
-        """Requests being answered now, over either path (the shutdown drain waits on them)."""
-        return self.proxied + self.generate.inflight
+        """Requests being answered now, over any route (the shutdown drain waits on them)."""
+        return self.admission.active
 
     async def ready(self, request: Request) -> Response:
         if not self.health.is_ready:
@@ -88,22 +115,25 @@ class Front:
     async def live(self, request: Request) -> Response:
         return Response(status_code=200)  # the launcher is up; it restarts Triton on its own
 
+    async def health_status(self, request: Request) -> Response:
+        """One health for every client: the supervisor's view (OpenAI-style `/health`)."""
+        if not self.health.is_ready:
+            return JSONResponse({"status": "unavailable", "cause": self.health.cause}, 503)
+        return JSONResponse({"status": "ok"})
+
     async def prometheus(self, request: Request) -> Response:
+        """The edge's own metrics, then Triton's and the models' (while Triton answers)."""
         self.metrics.ready.set(1 if self.health.is_ready else 0)
         self.metrics.inflight.set(self.inflight)
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+        page = self.metrics.render()
+        if self.metrics_url and self.health.is_ready:
+            with contextlib.suppress(httpx.HTTPError):
+                resp = await self.client.get(self.metrics_url, timeout=5.0)
+                if resp.status_code == 200:
+                    page += resp.content
+        return Response(page, media_type=PROMETHEUS)
 
     async def proxy(self, request: Request) -> Response:
-        if not self.health.is_ready:
-            self.metrics.rejected.labels("not_ready").inc()
-            return error(503, f"server unavailable: {self.health.cause}; retry", retry=True)
-        if request.method == "POST" and 0 < self.max_concurrent <= self.inflight:
-            # Before Triton: a busy answer from the scheduler comes only after the request
-            # went through Triton and tokenization (16 s at the 90th percentile under 2x load),
-            # and every request Triton holds costs memory there and in the stubs.
-            self.metrics.rejected.labels("concurrency").inc()
-            return error(503, f"server busy: {self.inflight} requests in flight"
-                         f" (max_concurrent_requests={self.max_concurrent}); retry", retry=True)  # fmt: skip
         try:
             body = await read_body(request, self.max_request_bytes)
         except BodyTooLarge as e:
@@ -120,7 +150,8 @@ class Front:
         found = GENERATE.fullmatch(request.url.path)
         if found and request.method == "POST":
             model, version, kind = found.groups()
-            return await self.generate.handle(model, version or "", body, kind == "generate_stream")
+            stream = kind == "generate_stream"
+            return await self.generate.handle(model, version or "", body, stream, request)
         return await self.relay(request, body)
 
     async def relay(self, request: Request, body: bytes) -> Response:
@@ -132,11 +163,9 @@ class Front:
             headers=forward_headers(request.headers),
             content=body,
         )
-        self.proxied += 1
         try:
             resp = await self.client.send(up, stream=True)
         except httpx.TransportError as e:
-            self.proxied -= 1
             return await self.went_away(e)
         headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
         if resp.status_code >= 400:
@@ -151,7 +180,6 @@ class Front:
             return await self.went_away(e)
         finally:
             await resp.aclose()
-            self.proxied -= 1
         if BUSY_MARK in content.decode("utf-8", "replace"):
             self.metrics.rejected.labels("busy").inc()
             headers.pop("content-length", None)
@@ -167,7 +195,6 @@ class Front:
             self.metrics.broken.inc()
             raise
         finally:
-            self.proxied -= 1
             with anyio.CancelScope(shield=True):
                 await resp.aclose()
 

@@ -15,27 +15,23 @@ import json
 from collections.abc import AsyncIterator
 
 import grpc
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from tritonclient.grpc import InferResult
 
+from bucketserve.serving.front.disconnect import ClientGone, unless_disconnected
+from bucketserve.serving.front.errors import BUSY_MARK, error
 from bucketserve.serving.front.generate_json import input_specs, tensor, to_request, to_response
 from bucketserve.serving.front.grpc_mux import Broken, StreamPool
 from bucketserve.serving.front.health import Health
 from bucketserve.serving.front.metrics import FrontMetrics
 
-BUSY_MARK = "server busy"
 SSE = "text/event-stream; charset=utf-8"
 ONE_RESPONSE = (
     "generate expects the model to produce exactly 1 response; use generate_stream for a model"
     ' that streams (or send "stream": false)'
 )
 RESERVED = ("sequence_id", "sequence_start", "sequence_end", "priority", "binary_data_output")
-
-
-def error(status: int, message: str, retry: bool = False) -> JSONResponse:
-    """Triton's own error body shape, so clients parse ours the same way."""
-    headers = {"Retry-After": "1"} if retry else None
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def event(doc: dict) -> bytes:
@@ -64,11 +60,12 @@ async def documents(answers, model: str, version: str) -> AsyncIterator[dict]:
 class GenerateRelay:
     """Serves the generate endpoints from Triton's gRPC port (a few shared streams)."""
 
-    def __init__(self, target: str, health: Health, metrics: FrontMetrics, front) -> None:
+    def __init__(
+        self, target: str, health: Health, metrics: FrontMetrics, front, metadata: tuple = ()
+    ) -> None:
         self.health, self.metrics = health, metrics
         self.front = front  # its went_away / cause: one account of a failed server for both paths
-        self.pool = StreamPool(target)
-        self.inflight = 0  # requests being answered now (the shutdown drain waits on them)
+        self.pool = StreamPool(target, metadata=metadata)  # the edge's one pool, OpenAI's too
         self.specs: dict[tuple[str, str, int], dict] = {}  # per model, version, server start
 
     async def open(self) -> None:
@@ -83,19 +80,11 @@ class GenerateRelay:
             self.specs[key] = input_specs(await self.pool.metadata(model, version))
         return self.specs[key]
 
-    async def handle(self, model: str, version: str, body: bytes, stream: bool) -> Response:
-        """One generate request whose body the front has already bounded and checked."""
-        self.inflight += 1
-        try:
-            response = await self.answer(model, version, body, stream)
-        except BaseException:
-            self.inflight -= 1
-            raise
-        if not isinstance(response, StreamingResponse):  # a stream counts until it ends
-            self.inflight -= 1
-        return response
-
-    async def answer(self, model: str, version: str, body: bytes, stream: bool) -> Response:
+    async def handle(
+        self, model: str, version: str, body: bytes, stream: bool, request: Request | None = None
+    ) -> Response:
+        """One generate request whose body the edge has already bounded and checked; with
+        `request`, a client that hangs up before a whole answer is ready stops it."""
         try:
             doc = json.loads(body) if body.strip() else None
             specs = await self.input_specs(model, version)
@@ -113,9 +102,21 @@ class GenerateRelay:
         except ValueError as e:
             return error(400, str(e))
         answers = self.pool.generate(model, version, inputs, params, stop_inputs(specs))
-        return await self.respond(documents(answers, model, version or "1"), stream)
+        return await self.respond(documents(answers, model, version or "1"), stream, request)
 
-    async def respond(self, docs: AsyncIterator[dict], stream: bool) -> Response:
+    async def respond(
+        self, docs: AsyncIterator[dict], stream: bool, request: Request | None = None
+    ) -> Response:
+        """The response; with `request`, a client that hangs up before the first answer (a
+        stream) or the whole answer (generate) stops the request (front/disconnect.py)."""
+        if request is None:
+            return await self.first_answer(docs, stream)
+        try:
+            return await unless_disconnected(request, self.first_answer(docs, stream))
+        except ClientGone:
+            return error(499, "client closed the request")  # nobody reads it
+
+    async def first_answer(self, docs: AsyncIterator[dict], stream: bool) -> Response:
         """Wait for the first answer: it sets the status (busy -> 503, an error -> 400)."""
         try:
             first = await anext(docs, None)
@@ -159,4 +160,3 @@ class GenerateRelay:
             yield event({"error": f"server went away: {await self.front.cause(e)}"})
         finally:
             await docs.aclose()  # a client that left: the request is stopped
-            self.inflight -= 1

@@ -39,11 +39,13 @@ def is_last(resp: service_pb2.ModelStreamInferResponse) -> bool:
 class MuxStream:
     """One ModelStreamInfer call: an outbox of requests, a reader that routes answers by id."""
 
-    def __init__(self, stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
+    def __init__(
+        self, stub: service_pb2_grpc.GRPCInferenceServiceStub, metadata: tuple = ()
+    ) -> None:
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.waiting: dict[str, asyncio.Queue] = {}
         self.broken: Broken | None = None
-        self.call = stub.ModelStreamInfer(self.requests())
+        self.call = stub.ModelStreamInfer(self.requests(), metadata=metadata or None)
         self.reader = asyncio.get_running_loop().create_task(self.read())
 
     async def requests(self):
@@ -88,10 +90,11 @@ class MuxStream:
 
 
 class StreamPool:
-    """`size` streams used round robin, each replaced once it broke; one more for stops."""
+    """`size` streams used round robin, each replaced once it broke; one more for stops.
+    `metadata`: (key, value) pairs sent with every call (Triton's restricted-API keys)."""
 
-    def __init__(self, target: str, size: int = 4) -> None:
-        self.target, self.size = target, size
+    def __init__(self, target: str, size: int = 4, metadata: tuple = ()) -> None:
+        self.target, self.size, self.call_metadata = target, size, tuple(metadata)
         self.channel: grpc.aio.Channel | None = None
         self.stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
         self.streams: list[MuxStream | None] = [None] * size
@@ -117,12 +120,13 @@ class StreamPool:
         self.turn = (self.turn + 1) % self.size
         s = self.streams[self.turn]
         if s is None or s.broken is not None:
-            s = self.streams[self.turn] = MuxStream(self.stub)
+            s = self.streams[self.turn] = MuxStream(self.stub, self.call_metadata)
         return s
 
     async def metadata(self, model: str, version: str) -> service_pb2.ModelMetadataResponse:
         return await self.stub.ModelMetadata(
-            service_pb2.ModelMetadataRequest(name=model, version=version)
+            service_pb2.ModelMetadataRequest(name=model, version=version),
+            metadata=self.call_metadata or None,
         )
 
     async def generate(
@@ -149,5 +153,5 @@ class StreamPool:
 
     def send_stop(self, req: service_pb2.ModelInferRequest) -> None:
         if self.stops is None or self.stops.broken is not None:
-            self.stops = MuxStream(self.stub)
+            self.stops = MuxStream(self.stub, self.call_metadata)
         self.stops.send(req)

@@ -1,1 +1,1 @@
-"""OpenAI-compatible front end: its own process, talking to Triton over gRPC streaming."""
+"""The OpenAI-compatible routes of the HTTP edge (mounted at /v1 by serving/front/app.py)."""

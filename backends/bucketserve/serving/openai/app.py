@@ -1,72 +1,57 @@
-"""The FastAPI app: /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics."""
+"""The OpenAI routes of the edge: /v1/models, /v1/chat/completions, /v1/completions.
+
+A FastAPI app mounted at /v1 inside the edge (serving/front/app.py): the edge's admission point
+caps and counts these requests with the v2 ones, they stream over the edge's one gRPC pool, and
+`/health` and `/metrics` are the edge's.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
-import urllib.request
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
+from bucketserve.serving.front.disconnect import ClientGone, unless_disconnected
+from bucketserve.serving.front.errors import OVERLOAD
 from bucketserve.serving.openai import responses as R
 from bucketserve.serving.openai.protocol import ChatRequest, CompletionRequest, OpenAIError
 from bucketserve.serving.openai.triton import TritonError, build_inputs, generate
 
-OVERLOAD = re.compile(r"busy|retry|overload|not healthy|shutting down", re.I)
 FIELD = re.compile(r"^(?:sampling_parameters\.)?([a-z_]+)[= ]")
-DISCONNECT_POLL_S = 0.2
 
 
 @dataclass(slots=True)
 class Settings:
-    """Where Triton is, what the model is called, and its tokenizer (for the chat template)."""
+    """What the model is called, and how to get its tokenizer (for the chat template): loaded
+    on the first chat request, off the event loop, so the edge listens before it is needed."""
 
-    grpc_url: str
-    metrics_url: str
     model: str
-    tokenizer: object
+    load_tokenizer: Callable[[], object] | None = None
+    tokenizer: object = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def get_tokenizer(self):
+        async with self.lock:
+            if self.tokenizer is None and self.load_tokenizer is not None:
+                self.tokenizer = await asyncio.to_thread(self.load_tokenizer)
+        return self.tokenizer
 
 
-class ConcurrencyCap:
-    """ASGI middleware: beyond `limit` POSTs in flight (a stream counts until its last chunk),
-    answer `503 server busy ... retry` at once, before the body is read or Triton is called,
-    as the HTTP front does for `--max-concurrent-requests` (0: no cap)."""
-
-    def __init__(self, app, limit: int = 0) -> None:
-        self.app, self.limit, self.inflight = app, limit, 0
-
-    async def __call__(self, scope, receive, send) -> None:
-        if self.limit <= 0 or scope["type"] != "http" or scope["method"] != "POST":
-            return await self.app(scope, receive, send)
-        if self.inflight >= self.limit:
-            busy = OpenAIError(503, f"server busy: {self.inflight} requests in flight"
-                               f" (max_concurrent_requests={self.limit}); retry")  # fmt: skip
-            answer = JSONResponse(busy.body(), status_code=503, headers={"Retry-After": "1"})
-            return await answer(scope, receive, send)
-        self.inflight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.inflight -= 1
-
-
-def create_app(settings: Settings, client, pool, max_concurrent: int = 0) -> FastAPI:
-    """`client`: a tritonclient.grpc.aio InferenceServerClient, `pool`: an open StreamPool
-    (both created in the server's loop); `max_concurrent`: see ConcurrencyCap."""
+def create_app(settings: Settings, pool, edge=None) -> FastAPI:
+    """`pool`: the edge's StreamPool (opened in the edge's loop); `edge`: the Front."""
     app = FastAPI(title="BucketServe OpenAI-compatible API")
-    app.add_middleware(ConcurrencyCap, limit=max_concurrent)
-    app.state.settings, app.state.client, app.state.pool = settings, client, pool
+    app.state.settings, app.state.pool, app.state.edge = settings, pool, edge
     app.add_exception_handler(OpenAIError, _openai_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.get("/v1/models")(lambda: _models(settings))
-    app.get("/health")(_health)
-    app.get("/metrics")(_metrics)
-    app.post("/v1/chat/completions")(_chat)
-    app.post("/v1/completions")(_completions)
+    app.get("/models")(lambda: _models(settings))
+    app.post("/chat/completions")(_chat)
+    app.post("/completions")(_completions)
     return app
 
 
@@ -86,24 +71,6 @@ def _models(s: Settings) -> dict:
             "data": [{"id": s.model, "object": "model", "created": 0, "owned_by": "bucketserve"}]}  # fmt: skip
 
 
-async def _health(request: Request) -> JSONResponse:
-    try:
-        ready = await request.app.state.client.is_server_ready()
-    except Exception:
-        ready = False
-    return JSONResponse({"status": "ok" if ready else "unavailable"}, 200 if ready else 503)
-
-
-async def _metrics(request: Request) -> PlainTextResponse:
-    url = request.app.state.settings.metrics_url
-
-    def fetch() -> str:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.read().decode()
-
-    return PlainTextResponse(await asyncio.to_thread(fetch), media_type="text/plain; version=0.0.4")
-
-
 def _check_model(req, s: Settings) -> None:
     if req.model != s.model:
         raise OpenAIError(404, f"The model '{req.model}' does not exist; served: '{s.model}'",
@@ -114,8 +81,9 @@ async def _chat(req: ChatRequest, request: Request):
     s: Settings = request.app.state.settings
     _check_model(req, s)
     req.check()
+    tokenizer = await s.get_tokenizer()
     try:
-        prompt = s.tokenizer.apply_chat_template(req.texts(), tokenize=False, add_generation_prompt=True)  # fmt: skip
+        prompt = tokenizer.apply_chat_template(req.texts(), tokenize=False, add_generation_prompt=True)  # fmt: skip
     except Exception as e:
         raise OpenAIError(400, f"messages: the chat template failed: {e}", "messages") from None
     k = req.num_logprobs
@@ -180,6 +148,7 @@ class CompletionShape(ChatShape):
 
 
 def triton_error(message: str) -> OpenAIError:
+    """An error answer from Triton: retry-later ones are 503, the rest 400 naming the field."""
     if OVERLOAD.search(message):
         return OpenAIError(503, message)
     m = FIELD.match(message)
@@ -187,25 +156,28 @@ def triton_error(message: str) -> OpenAIError:
 
 
 async def _respond(request: Request, req, inputs: list, shape):
+    """A client that hangs up before the first chunk (a stream) or the whole answer stops
+    the generation (frees its KV), as on v2 routes (front/disconnect.py)."""
     chunks = generate(request.app.state.pool, inputs)
     try:
+        return await unless_disconnected(request, _answer(req, chunks, shape))
+    except ClientGone:
+        await chunks.aclose()
+        raise OpenAIError(499, "client closed the request") from None
+
+
+async def _answer(req, chunks, shape):
+    try:
         first = await anext(chunks)
+        if req.stream:
+            with_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(_sse(first, chunks, shape, with_usage), media_type="text/event-stream")  # fmt: skip
+        text, reason, entries, last = await _collect(first, chunks)
     except TritonError as e:
+        await chunks.aclose()
         raise triton_error(str(e)) from None
-    if req.stream:
-        with_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_sse(first, chunks, shape, with_usage), media_type="text/event-stream")  # fmt: skip
-    task = asyncio.ensure_future(_collect(first, chunks))
-    while not task.done():  # a client that hangs up cancels the generation (frees its KV)
-        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            await chunks.aclose()
-            raise OpenAIError(499, "client closed the request")
-    text, reason, entries, last = task.result()
-    return shape.whole(
-        text, reason, entries, R.usage(last.num_input_tokens, last.num_output_tokens)
-    )
+    u = R.usage(last.num_input_tokens, last.num_output_tokens)
+    return shape.whole(text, reason, entries, u)
 
 
 async def _collect(first, chunks):

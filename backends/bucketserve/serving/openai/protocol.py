@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bucketserve.serving.front.errors import openai_body
+
 MAX_TOP_LOGPROBS = 20
 
 
@@ -18,8 +20,7 @@ class OpenAIError(Exception):
         self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": None}}  # fmt: skip
+        return openai_body(self.status, self.message, self.param, self.kind)
 
 
 class StreamOptions(BaseModel):

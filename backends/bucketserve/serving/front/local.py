@@ -1,0 +1,53 @@
+"""A TritonServer behind the edge in this process, as `bucketserve serve` users reach it (the
+server tests and benchmarks start Triton themselves, without the supervisor)."""
+
+from __future__ import annotations
+
+from bucketserve.serving.front.allowlist import grpc_metadata
+from bucketserve.serving.front.app import Front
+from bucketserve.serving.front.health import READY, Health
+from bucketserve.serving.front.metrics import FrontMetrics
+from bucketserve.serving.front.server import FrontServer
+from bucketserve.serving.launcher import TritonServer
+from bucketserve.serving.ports import Port, free_port
+from bucketserve.serving.service import (
+    access_policy,
+    grpc_target,
+    openai_settings,
+    triton_metrics_url,
+)
+
+
+class LocalEdge:
+    """`server` (started and ready) behind an edge on a free port, plus cfg.openai_port when
+    set; every other attribute is the server's."""
+
+    def __init__(self, server: TritonServer, max_concurrent: int = 0) -> None:
+        self.server = server
+        cfg = server.cfg
+        health = Health()
+        health.set(READY, upstream=f"http://{server.http_url}")
+        self.front = Front(health, FrontMetrics(), cfg.max_request_bytes, grpc_target(cfg),
+                           max_concurrent, openai_settings(cfg), triton_metrics_url(cfg),
+                           access_policy(cfg), grpc_metadata(cfg.api_key))  # fmt: skip
+        self.port = free_port()
+        more = (Port(cfg.openai_port, "--openai-port"),) if cfg.openai_port else ()
+        self.web = FrontServer(self.front, "127.0.0.1", self.port, more)
+        self.web.start()
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def openai_url(self) -> str:
+        """The OpenAI base URL (without /v1): the OpenAI port if set, else the edge's."""
+        port = self.server.cfg.openai_port or self.port
+        return f"http://127.0.0.1:{port}"
+
+    def __getattr__(self, name: str):
+        return getattr(self.server, name)
+
+    def stop(self) -> None:
+        self.web.stop()
+        self.server.stop()

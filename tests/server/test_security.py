@@ -1,0 +1,161 @@
+"""Only the public API is public, on a real `bucketserve serve --api-key K --admin-key A`:
+internal models absent, Triton's admin APIs closed without the admin key over the edge and over
+Triton's gRPC port, the API key required on v2, OpenAI and gRPC (docs/security.md)."""
+
+from __future__ import annotations
+
+import queue
+
+import numpy as np
+import openai
+import psutil
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+from bucketserve.serving.serve_process import ServeProcess, free_port
+from tritonclient.utils import InferenceServerException
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
+
+API_KEY, ADMIN_KEY = "client-key-0123", "admin-key-4567"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+ADMIN = {"admin-key": ADMIN_KEY}
+GRPC_AUTH = {"triton-grpc-protocol-api-key": API_KEY}
+GRPC_ADMIN = {"triton-grpc-protocol-admin-key": ADMIN_KEY}
+INTERNAL = ("prefill_0", "decode_0", "scheduler", "preprocessing", "decode_router")
+SHM_REGION = {"key": "/bs_anything_p0_kv", "offset": 0, "byte_size": 64}
+OPENAI_PORT = free_port()
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory):
+    sp = ServeProcess(tmp_path_factory.mktemp("security") / "run", "--kv-cache-gb", "0.5",
+                      "--max-model-len", "2048", "--openai-port", str(OPENAI_PORT),
+                      "--api-key", API_KEY, "--admin-key", ADMIN_KEY)  # fmt: skip
+    sp.start()
+    try:
+        sp.wait_ready()
+        yield sp
+    finally:
+        sp.stop()
+
+
+def url(svc, path: str) -> str:
+    return f"http://{svc.http_url}{path}"
+
+
+def grpc_generate(svc, headers: dict | None) -> tuple[str, str]:
+    """One streamed request to bucketserve over Triton's gRPC port: (text, error)."""
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(svc.grpc_url)
+    inputs = [grpcclient.InferInput("text_input", [1], "BYTES"),
+              grpcclient.InferInput("max_tokens", [1], "INT32")]  # fmt: skip
+    inputs[0].set_data_from_numpy(np.array([b"Hi"], dtype=np.object_))
+    inputs[1].set_data_from_numpy(np.int32([4]))
+    client.start_stream(
+        callback=lambda result, error: answers.put((result, error)), headers=headers
+    )
+    text, error = "", ""
+    try:
+        client.async_stream_infer("bucketserve", inputs, enable_empty_final_response=True)
+        while True:
+            result, err = answers.get(timeout=60)
+            if err is not None:
+                error = str(err)
+                break
+            out = result.as_numpy("text_output")
+            text += out.reshape(-1)[0].decode() if out is not None else ""
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return text, error
+
+
+def test_health_and_metrics_need_no_key(svc):
+    assert requests.get(url(svc, "/v2/health/ready"), timeout=10).status_code == 200
+    assert requests.get(url(svc, "/health"), timeout=10).json() == {"status": "ok"}
+    assert "bucketserve_server_ready 1.0" in requests.get(url(svc, "/metrics"), timeout=10).text
+
+
+def test_v2_and_openai_need_the_api_key(svc):
+    body = {"text_input": "Hi", "max_tokens": 4}
+    r = requests.post(url(svc, "/v2/models/bucketserve/generate"), json=body, timeout=120)
+    assert r.status_code == 401 and "API key" in r.json()["error"]
+    assert r.headers["WWW-Authenticate"] == "Bearer"
+    r = requests.post(url(svc, "/v2/models/bucketserve/generate"), json=body, headers=AUTH,
+                      timeout=120)  # fmt: skip
+    assert r.status_code == 200 and r.json()["text_output"]
+    base = f"http://127.0.0.1:{OPENAI_PORT}/v1"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=base, api_key="wrong-key").models.list()
+    client = openai.OpenAI(base_url=base, api_key=API_KEY, timeout=300)
+    c = client.completions.create(model="smollm2", prompt="The capital of France is",
+                                  max_tokens=4, temperature=0)  # fmt: skip
+    assert c.choices[0].text
+
+
+def test_grpc_needs_the_api_key(svc):
+    text, error = grpc_generate(svc, None)
+    assert not text and "restricted" in error, error
+    text, error = grpc_generate(svc, GRPC_AUTH)
+    assert text and not error, error
+
+
+@pytest.mark.parametrize("model", INTERNAL)
+def test_internal_models_are_absent_at_the_edge(svc, model):
+    for path in (f"/v2/models/{model}", f"/v2/models/{model}/generate",
+                 f"/v2/models/{model}/infer", f"/v2/models/{model}/config"):  # fmt: skip
+        r = requests.post(url(svc, path), json={"input_ids": [1, 2, 3], "seq_lens": [3]},
+                          headers=AUTH, timeout=30)  # fmt: skip
+        assert r.status_code == 404, (path, r.status_code, r.text[:200])
+        assert r.json() == {"error": f"Request for unknown model: '{model}' is not found"}
+
+
+def test_shared_memory_is_closed_without_the_admin_key(svc):
+    reg = "/v2/systemsharedmemory/region/x/register"
+    for headers in ({}, AUTH, {**AUTH, "admin-key": "not-the-key"}):
+        r = requests.post(url(svc, reg), json=SHM_REGION, headers=headers, timeout=10)
+        assert r.status_code in (401, 403), r.text
+        r = requests.post(url(svc, "/v2/cudasharedmemory/region/x/register"), json={},
+                          headers=headers, timeout=10)  # fmt: skip
+        assert r.status_code in (401, 403), r.text
+    status = requests.get(url(svc, "/v2/systemsharedmemory/status"), headers=ADMIN, timeout=10)
+    assert status.status_code == 200 and status.json() == []  # nothing was registered
+    client = grpcclient.InferenceServerClient(svc.grpc_url)
+    for headers in (None, GRPC_AUTH):
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.register_system_shared_memory("x", SHM_REGION["key"], 64, headers=headers)
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.get_system_shared_memory_status(headers=headers)
+    assert client.get_system_shared_memory_status(headers=GRPC_ADMIN).regions == {}
+    client.close()
+
+
+def test_repository_trace_logging_are_closed_without_the_admin_key(svc):
+    for method, path in (("POST", "/v2/repository/index"),
+                         ("POST", "/v2/repository/models/bucketserve/unload"),
+                         ("POST", "/v2/repository/models/prefill_0/load"),
+                         ("GET", "/v2/trace/setting"), ("GET", "/v2/logging")):  # fmt: skip
+        r = requests.request(method, url(svc, path), headers=AUTH, timeout=10)
+        assert r.status_code == 403 and "administrator API" in r.json()["error"], r.text
+    r = requests.post(url(svc, "/v2/repository/index"), headers=ADMIN, timeout=10)
+    assert r.status_code == 200 and {m["name"] for m in r.json()} >= {"bucketserve", "prefill_0"}
+    client = grpcclient.InferenceServerClient(svc.grpc_url)
+    for call in (lambda h: client.get_model_repository_index(headers=h),
+                 lambda h: client.unload_model("bucketserve", headers=h),
+                 lambda h: client.get_log_settings(headers=h)):  # fmt: skip
+        with pytest.raises(InferenceServerException, match="restricted"):
+            call(GRPC_AUTH)
+    client.close()
+    assert svc.ready()  # nothing was unloaded
+
+
+def test_triton_http_listens_on_loopback_only(svc):
+    triton = psutil.Process(svc.server_pid())
+    args = triton.cmdline()
+    assert "--http-address=127.0.0.1" in args
+    ports = {c.laddr.port: c.laddr.ip for c in triton.net_connections("tcp") if c.status == "LISTEN"}  # fmt: skip
+    http_port = int(next(a for a in args if a.startswith("--http-port=")).split("=")[1])
+    assert ports[http_port] == "127.0.0.1" and http_port != svc.http_port
