@@ -147,6 +147,11 @@ class Scheduler:
         self._arrival.pop(id(seq), None)
         finish(seq, reason)
 
+    def register_kv(self, seq: Sequence) -> None:
+        """The KV of an admitted sequence arrived from elsewhere (a hand-off, copied into its
+        blocks): its full blocks join the prefix cache, e.g. for a recompute after preemption."""
+        self.blocks.cache_blocks(seq, 0, seq.num_computed_tokens)
+
     def recompute(self, seq: Sequence) -> None:
         """A waiting sequence whose promised KV will not come (an expired hand-off): its
         tokens are prefilled here instead."""

@@ -264,6 +264,7 @@ class SchedulerCore:
                 handoff_table=reply.handoff_table, handoff_id=res.handoff_id,
                 block_ids=res.block_ids, arrival_s=item.arrival_s, prefill_done_s=done,
                 sched_key=meta.request_id, first_logprob=res.logprob,
+                num_cached_tokens=res.num_cached_tokens,
             ))  # fmt: skip
 
     def close(self) -> list[Waiting]:

@@ -12,7 +12,12 @@ from bucketserve.scheduling import make_scheduler
 from bucketserve.serving.cluster import ClusterStats
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.handoff import Handoff, PrefillReply, sampling_rows_json
+from bucketserve.serving.handoff import (
+    Handoff,
+    PrefillReply,
+    cache_salts_json,
+    sampling_rows_json,
+)
 from bucketserve.serving.metrics import PlacementMetrics, SchedulerMetrics
 from bucketserve.serving.model_info import model_info
 from bucketserve.serving.notify import FinishListener, socket_path
@@ -47,6 +52,7 @@ def call_prefill(index: int, items: list[Waiting]) -> PrefillReply:
             pb_utils.Tensor("input_ids", ids),
             pb_utils.Tensor("seq_lens", lens),
             bytes_tensor("sampling", rows),
+            bytes_tensor("cache_salts", cache_salts_json([i.params for i in items])),
         ],
     )
     response = request.exec()

@@ -204,7 +204,10 @@ async def _respond(request: Request, req, inputs: list, shape):
             raise OpenAIError(499, "client closed the request")
     text, reason, entries, last = task.result()
     return shape.whole(
-        text, reason, entries, R.usage(last.num_input_tokens, last.num_output_tokens)
+        text,
+        reason,
+        entries,
+        R.usage(last.num_input_tokens, last.num_output_tokens, last.num_cached_tokens),
     )
 
 
@@ -235,7 +238,7 @@ async def _sse(first, chunks, shape, with_usage: bool):
     finally:
         await chunks.aclose()
     if with_usage:
-        u = R.usage(last.num_input_tokens, last.num_output_tokens)
+        u = R.usage(last.num_input_tokens, last.num_output_tokens, last.num_cached_tokens)
         yield _event(R.usage_chunk(shape.id, shape.model, shape.obj, u))
     yield "data: [DONE]\n\n"
 
