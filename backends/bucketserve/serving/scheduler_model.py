@@ -9,6 +9,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from bucketserve.scheduling import make_scheduler
+from bucketserve.scheduling.prefix_index import PrefixIndex
 from bucketserve.serving.cluster import ClusterStats
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import GenerateParams
@@ -89,6 +90,7 @@ class SchedulerModel:
         self.core = SchedulerCore(
             sched, self.cluster.view, call_prefill, send_handoff, send_error,
             len(self.cfg.engine_prefill_devices), Metrics(self.cfg), self.cfg.chunk_tokens if self.cfg.is_colocated else 0,
+            PrefixIndex() if self.cfg.enable_prefix_caching else None,
         )  # fmt: skip
         self.listener = FinishListener(
             socket_path(self.cfg.run_dir, self.cfg.run_id), self.core.finished

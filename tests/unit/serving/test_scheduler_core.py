@@ -6,8 +6,10 @@ import threading
 import time
 from types import SimpleNamespace
 
+from bucketserve.engine.block_hash import block_hashes
 from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.scheduling import ClusterView, InstanceStats, SchedulerConfig, make_scheduler
+from bucketserve.scheduling.prefix_index import PrefixIndex
 from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.handoff import KIND_GENERATE, PrefillReply, PrefillResult
 from bucketserve.serving.scheduler_core import SchedulerCore, instance_index
@@ -67,11 +69,11 @@ class Recorder:
         return SimpleNamespace(decision=lambda *a: None, batch=lambda *a: None, placed=placed)
 
 
-def make_core(rec: Recorder, cluster: Cluster, **cfg) -> SchedulerCore:
+def make_core(rec: Recorder, cluster: Cluster, prefix_index=None, **cfg) -> SchedulerCore:
     sched_cfg = SchedulerConfig(max_model_len=2048, block_size=16, **cfg)
     sched = make_scheduler("fcfs", sched_cfg, time.monotonic)
     core = SchedulerCore(sched, cluster.view, rec.prefill, rec.send_handoff, rec.send_error,
-                         cluster.num_prefill, rec.metrics())  # fmt: skip
+                         cluster.num_prefill, rec.metrics(), prefix_index=prefix_index)  # fmt: skip
     core.start()
     return core
 
@@ -170,3 +172,24 @@ def test_close_returns_the_queued_requests():
     core.add("q", [1, 2], GenerateParams(sampling=SamplingParams(max_tokens=2)))
     pending = core.close()
     assert [p.sender for p in pending] == ["q"] and not rec.handoffs
+
+
+def test_prefix_aware_placement_sends_a_shared_prefix_where_it_went_before():
+    """Requests whose 64-token prefix the index places on prefill1 go there, though prefill0
+    is as empty and first by name (where they go without an index); an unrelated prompt and
+    another tenant's (salt) do not follow."""
+    shared = list(range(100, 164))
+    index = PrefixIndex()
+    index.record("prefill1", block_hashes(shared, 16))
+    plain = GenerateParams(sampling=SamplingParams(max_tokens=4))
+    salted = GenerateParams(sampling=SamplingParams(max_tokens=4), cache_salt="t")
+    rec = Recorder()
+    core = make_core(rec, Cluster(2, 1), prefix_index=index)
+    prompts = [(shared + [i], plain) for i in range(4)] + [(shared, salted), ([5] * 70, plain)]
+    try:
+        for i, (ids, params) in enumerate(prompts):
+            core.add(f"s{i}", ids, params)
+            wait_for(lambda i=i: len(rec.handoffs) == i + 1)
+    finally:
+        core.close()
+    assert [c[0] for c in rec.calls] == [1, 1, 1, 1, 0, 0]
