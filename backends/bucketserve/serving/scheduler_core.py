@@ -103,14 +103,16 @@ class SchedulerCore:
         with self.cond:
             key = str(self.next_key)
             self.next_key += 1
+            item = Waiting(sender, ids, params, time.time())
             meta = RequestMeta(key, len(ids), params.max_tokens, time.monotonic(),
-                               params.slo_class, params.ttft_slo_s, params.tpot_slo_s)  # fmt: skip
+                               params.slo_class, params.ttft_slo_s, params.tpot_slo_s,
+                               num_cached_tokens=self.probably_cached(item))  # fmt: skip
             try:
                 self.sched.add(meta)
             except ValueError as e:
                 self.send_error(sender, f"scheduler: {e}", False)
                 return
-            self.waiting[key] = Waiting(sender, ids, params, time.time())
+            self.waiting[key] = item
             self.fresh.append(key)
             if params.request_id:
                 self.by_user_id[params.request_id] = key
@@ -183,15 +185,25 @@ class SchedulerCore:
 
     def by_affinity(self, instances: list) -> list:
         """`instances` ordered for the oldest waiting request: cached overlap vs load."""
+        if instances:
+            self.block_size = instances[0].block_size  # the engines' (hashes are per size)
         if self.prefix_index is None or len(instances) < 2 or not self.waiting:
             return instances
-        self.block_size = instances[0].block_size
         item = next(iter(self.waiting.values()))  # arrival order: the policy's likely next
         overlap = self.prefix_index.overlap(self.hashes(item))
         load = {s.instance_id: float(s.prefill_backlog + s.running) for s in instances}
         ids = [s.instance_id for s in instances]
         order = by_affinity(ids, overlap, load, len(item.ids), self.block_size, BALANCE_TOKENS)
         return sorted(instances, key=lambda s: order.index(s.instance_id))
+
+    def probably_cached(self, item: Waiting) -> int:
+        """Prompt tokens some instance probably caches (the engine always computes the last)."""
+        if self.prefix_index is None:
+            return 0
+        blocks = max(self.prefix_index.overlap(self.hashes(item)).values(), default=0)
+        return min(
+            blocks * self.block_size, (len(item.ids) - 1) // self.block_size * self.block_size
+        )
 
     def hashes(self, item: Waiting) -> list[int]:
         if item.hashes is None:

@@ -193,3 +193,26 @@ def test_prefix_aware_placement_sends_a_shared_prefix_where_it_went_before():
     finally:
         core.close()
     assert [c[0] for c in rec.calls] == [1, 1, 1, 1, 0, 0]
+
+
+def test_buckets_see_the_uncached_length():
+    """A 1,000-token prompt whose first 960 tokens the index places somewhere is a short
+    prefill: its RequestMeta carries the cached estimate, and buckets sort it by the rest."""
+    shared = list(range(1000, 1960))
+    index = PrefixIndex()
+    index.record("prefill0", block_hashes(shared, 16))
+    rec = Recorder(prefill_s=0.2)
+    core = make_core(rec, Cluster(1, 1), prefix_index=index)
+    metas = []
+    core.sched.add = lambda meta, add=core.sched.add: (metas.append(meta), add(meta))[1]
+    params = GenerateParams(sampling=SamplingParams(max_tokens=4))
+    try:
+        core.add("a", shared + list(range(40)), params)
+        core.add("b", list(range(5000, 6000)), params)
+        wait_for(lambda: len(rec.handoffs) == 2)
+    finally:
+        core.close()
+    assert [(m.prompt_len, m.num_cached_tokens, m.bucket_len) for m in metas] == [
+        (1000, 960, 40),
+        (1000, 0, 1000),
+    ]
