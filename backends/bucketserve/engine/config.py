@@ -39,6 +39,7 @@ class EngineConfig:
     pool_name: str | None = None  # shm / IPC name of the KV pool; None: generated
     cuda_graphs: bool = True  # GPU: replay decode steps as CUDA graphs (paged attention only)
     static_decode: bool = True  # paged attention: fixed decode buffers, incremental block tables
+    enable_prefix_caching: bool = True  # LLMEngine: reuse the KV of full blocks of shared prefixes
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_ALIASES:

@@ -20,7 +20,10 @@ class LLMEngine:
                  chunk_tokens: int | None = None) -> None:  # fmt: skip
         self.config = config
         self.runner = runner or ModelRunner(config)
-        self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, self.runner.block_size, config.enable_prefix_caching,
+            namespace=config.model,
+        )  # fmt: skip
         self.max_model_len = self.runner.model_config.max_model_len
         self.eos_token_ids = self.runner.model_config.eos_token_ids
         limits = BatchLimits(config.max_num_seqs, chunk_tokens or config.max_num_batched_tokens)
@@ -37,6 +40,11 @@ class LLMEngine:
     def num_recomputed_tokens(self) -> int:
         """Tokens whose KV was rebuilt after a preemption."""
         return self.scheduler.num_recomputed_tokens
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache so far (its hits)."""
+        return self.block_manager.num_hit_tokens
 
     def generate(
         self, prompts: list[list[int]], sampling_params: SamplingParams | list[SamplingParams]

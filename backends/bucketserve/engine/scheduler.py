@@ -8,6 +8,11 @@ sequence is admitted with the blocks of all its tokens, grows one block at a tim
 decodes, and when the batch cannot grow the newest sequences are preempted and recomputed
 later. The shape is nano-vllm's `schedule()` / `postprocess()`; `LLMEngine`, the server's
 decode worker and the simulator all drive this one class.
+
+Prefix caching (when the BlockManager has it on): a sequence admitted without KV starts its
+table with the cached blocks of its longest cached prefix and prefills only the rest; the full
+blocks each step computes are registered in `postprocess`. Cached blocks in use need no free
+block and evictable ones count as free, so the cache never refuses an admission.
 """
 
 from __future__ import annotations
@@ -118,8 +123,10 @@ class Scheduler:
         sampled = step.sampled
         for seq in step.decodes:
             seq.num_computed_tokens += 1
+            self.blocks.cache_blocks(seq, seq.num_computed_tokens - 1, seq.num_computed_tokens)
         for chunk in step.chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
+            self.blocks.cache_blocks(chunk.seq, chunk.start, chunk.start + chunk.num_tokens)
         results = []
         for seq, token in zip(sampled, tokens, strict=True):
             seq.append_token(token)
@@ -139,6 +146,11 @@ class Scheduler:
             self.blocks.release(seq)
         self._arrival.pop(id(seq), None)
         finish(seq, reason)
+
+    def register_kv(self, seq: Sequence) -> None:
+        """The KV of an admitted sequence arrived from elsewhere (a hand-off, copied into its
+        blocks): its full blocks join the prefix cache, e.g. for a recompute after preemption."""
+        self.blocks.cache_blocks(seq, 0, seq.num_computed_tokens)
 
     def recompute(self, seq: Sequence) -> None:
         """A waiting sequence whose promised KV will not come (an expired hand-off): its
@@ -172,15 +184,15 @@ class Scheduler:
             seq = self.waiting[0]
             # KV promised by a hand-off (computed > 0, one token left) needs no prefill here
             needs_prefill = not seq.num_computed_tokens or seq.num_uncomputed_tokens > 1
-            free = self.blocks.num_free_blocks - growth
+            # no KV yet: a cached prefix is reused; its unreferenced blocks come out of `free`
+            hits = self.blocks.find_cached(seq) if not seq.num_computed_tokens else []
+            free = self.blocks.num_free_blocks - growth - self.blocks.num_unreferenced(hits)
             if (needs_prefill and budget <= 0) or not self.memory.can_admit(
-                seq.num_tokens, free, len(self.running)
+                seq.num_tokens - len(hits) * bs, free, len(self.running)
             ):
                 break
             self.waiting.popleft()
-            if seq.num_completion_tokens and not seq.num_computed_tokens:
-                self.num_recomputed_tokens += seq.num_tokens
-            self.blocks.allocate_for(seq, seq.num_tokens)
+            self._take_blocks(seq, hits)
             seq.status = SequenceStatus.RUNNING
             insort(self.running, seq, key=lambda s: self._arrival[id(s)])
             step.admitted.append(seq)
@@ -191,3 +203,14 @@ class Scheduler:
                 take = min(budget, seq.num_uncomputed_tokens)
                 step.chunks.append(Chunk(seq, seq.num_computed_tokens, take))
                 budget -= take
+
+    def _take_blocks(self, seq: Sequence, hits: list[int]) -> None:
+        """The admitted sequence's table: its cached prefix (if it has no KV yet), then new
+        blocks for the rest of its tokens."""
+        if not seq.num_computed_tokens:
+            seq.num_computed_tokens = self.blocks.take_cached(seq, hits)
+            if seq.num_completion_tokens:  # preempted or an expired hand-off: rebuilt here
+                self.num_recomputed_tokens += seq.num_uncomputed_tokens
+            else:
+                seq.num_cached_tokens = seq.num_computed_tokens
+        self.blocks.allocate_for(seq, seq.num_tokens)

@@ -31,6 +31,9 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose KV is in the pool (the scheduler advances it)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
+    cache_salt: str | None = None  # prefix caching: only sequences with equal salts share KV
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
+    block_hashes: list[int] = field(default_factory=list)  # of full blocks (the BlockManager's)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

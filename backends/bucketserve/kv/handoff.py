@@ -1,10 +1,14 @@
-"""Prefill->decode block ownership: blocks stay pending until decode acks, or a timeout expires."""
+"""Prefill->decode block ownership: blocks stay pending until decode acks, or a timeout expires.
+
+A block may be pending in several hand-offs at once when prefix caching shares it (a cached
+prefix); each hand-off then holds its own reference, and the caller frees what `reclaim`
+returns once per hand-off."""
 
 from __future__ import annotations
 
 import mmap
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
@@ -52,7 +56,7 @@ class HandoffTable:
         )
         self._pending: dict[int, _Pending] = {}  # slot -> hand-off (producer only)
         self._free: deque[int] = deque(range(n))  # FIFO: a slot is reused as late as possible
-        self._busy: set[int] = set()  # block ids currently pending
+        self._busy: Counter[int] = Counter()  # block id -> pending hand-offs holding it
         self._lock = threading.Lock()  # producer threads (execute, reclaim loop) may overlap
 
     @classmethod
@@ -95,8 +99,9 @@ class HandoffTable:
         """Blocks held by pending hand-offs (producer side)."""
         return len(self._busy)
 
-    def publish(self, block_ids: Iterable[int], now: float) -> int:
-        """Mark blocks pending for decode and return the hand-off id to send with them."""
+    def publish(self, block_ids: Iterable[int], now: float, num_shared: int = 0) -> int:
+        """Mark blocks pending for decode and return the hand-off id to send with them. The
+        first `num_shared` (a cached prefix) may be pending in other hand-offs already."""
         # The blocks' KV must be complete on the device (e.g. the first token was read back).
         self._require_owner("publish")
         ids = [int(b) for b in block_ids]
@@ -106,9 +111,10 @@ class HandoffTable:
             if not 0 <= b < self.num_slots:
                 raise ValueError(f"block_ids contains {b}, must be in [0, {self.num_slots})")
         with self._lock:
-            if len(set(ids)) != len(ids) or self._busy.intersection(ids):
+            if len(set(ids)) != len(ids) or any(self._busy[b] for b in ids[num_shared:]):
                 raise ValueError("block_ids repeats a block or names one already pending")
-            # Never empty: every pending hand-off holds >= 1 of the num_slots blocks, one is free.
+            # Never empty: every pending hand-off holds >= 1 unshared block (a cached prefix
+            # stops short of the last token) of the num_slots blocks, so one slot is free.
             slot = self._free.popleft()
             gen = int(self._pub[slot]) + 1
             self._pub[slot] = gen
@@ -135,7 +141,10 @@ class HandoffTable:
                     self.num_expired += 1
                 del self._pending[slot]
                 self._free.append(slot)
-                self._busy.difference_update(p.block_ids)
+                for b in p.block_ids:
+                    self._busy[b] -= 1
+                    if not self._busy[b]:
+                        del self._busy[b]
                 freed.extend(p.block_ids)
         return freed
 

@@ -37,11 +37,11 @@ class Bucket:
 
     def put(self, meta: RequestMeta) -> None:
         self.requests[meta.request_id] = meta
-        self.num_below_mid += meta.prompt_len < self.mid
+        self.num_below_mid += meta.bucket_len < self.mid
 
     def take(self, request_id: str) -> RequestMeta:
         meta = self.requests.pop(request_id)
-        self.num_below_mid -= meta.prompt_len < self.mid
+        self.num_below_mid -= meta.bucket_len < self.mid
         return meta
 
 
@@ -72,12 +72,12 @@ class BucketManager:
         return self._buckets[bisect_right(self._lows, min(length, self.max_len - 1)) - 1]
 
     def add(self, meta: RequestMeta) -> Bucket:
-        bucket = self.bucket_for(meta.prompt_len)
+        bucket = self.bucket_for(meta.bucket_len)
         bucket.put(meta)
         self._where[meta.request_id] = bucket
         self._seq[meta.request_id] = self._next_seq
         self._next_seq += 1
-        self.total_tokens += meta.prompt_len
+        self.total_tokens += meta.bucket_len
         return bucket
 
     def remove(self, request_id: str) -> RequestMeta | None:
@@ -86,7 +86,7 @@ class BucketManager:
             return None
         del self._seq[request_id]
         meta = bucket.take(request_id)
-        self.total_tokens -= meta.prompt_len
+        self.total_tokens -= meta.bucket_len
         return meta
 
     def mean_len(self) -> float:
@@ -114,7 +114,7 @@ class BucketManager:
         self._buckets = [Bucket(lo, hi) for lo, hi in zip(edges, edges[1:], strict=False)]
         self._lows = edges[:-1]
         for meta in metas:
-            bucket = self.bucket_for(meta.prompt_len)
+            bucket = self.bucket_for(meta.bucket_len)
             bucket.put(meta)
             self._where[meta.request_id] = bucket
 

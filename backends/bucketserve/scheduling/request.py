@@ -45,10 +45,16 @@ class RequestMeta:
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
     task_type: str = ""
+    num_cached_tokens: int = 0  # prompt tokens probably cached where it will run (an estimate)
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:
             raise ValueError(f"prompt_len must be >= 1, got {self.prompt_len}")
+        if not 0 <= self.num_cached_tokens < self.prompt_len:
+            raise ValueError(
+                f"num_cached_tokens must be in [0, prompt_len={self.prompt_len}), "
+                f"got {self.num_cached_tokens}"
+            )
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not math.isfinite(self.arrival_s):
@@ -64,6 +70,12 @@ class RequestMeta:
             raise ValueError(
                 f"ttft_slo_s and tpot_slo_s must be > 0, got {self.ttft_slo_s}, {self.tpot_slo_s}"
             )
+
+    @property
+    def bucket_len(self) -> int:
+        """The length buckets sort it by: what prefill computes, the uncached part (memory
+        and SLOs still count the whole prompt)."""
+        return self.prompt_len - self.num_cached_tokens
 
     @property
     def is_online(self) -> bool:

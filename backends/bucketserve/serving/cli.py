@@ -54,6 +54,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=d.cuda_graphs,
         help="GPU: replay decode steps as CUDA graphs (--no-cuda-graphs: eager)",
     )
+    p.add_argument(
+        "--prefix-caching", dest="enable_prefix_caching",
+        action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching,
+        help="reuse the KV of prompt prefixes shared across requests (--no-prefix-caching: off)",
+    )  # fmt: skip
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
     p.add_argument("--log-verbose", type=int, default=d.log_verbose)
     p.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
@@ -144,6 +149,7 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         max_model_len=a.max_model_len,
         gpu_memory_utilization=a.gpu_memory_utilization,
         cuda_graphs=a.cuda_graphs,
+        enable_prefix_caching=a.enable_prefix_caching,
         default_max_tokens=a.default_max_tokens,
         log_verbose=a.log_verbose,
         max_prefill_tokens=a.max_prefill_tokens,

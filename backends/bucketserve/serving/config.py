@@ -62,6 +62,7 @@ class ServeConfig:
     # instances on that GPU (deterministic, whatever order they load in)
     gpu_memory_utilization: float | None = None
     cuda_graphs: bool = True  # GPU decode steps replayed as CUDA graphs; False: eager
+    enable_prefix_caching: bool = True  # engine instances reuse the KV of shared prompt prefixes
     # fault tolerance and overload (serving/front, serving/supervisor, scheduling/admission)
     max_request_bytes: int = 4 * 1024 * 1024  # HTTP bodies above this get 413 at the front
     max_queued_requests: int = 0  # 0: sized from memory at start (scheduling/admission.py)

@@ -67,6 +67,7 @@ INPUTS = (
     Input("tpot_slo_ms", "FP32"),
     Input("sampling_parameters", "STRING"),
     Input("stop", "BOOL", "stop"),
+    Input("cache_salt", "STRING", "cache_salt"),  # vLLM's name: only equal salts share KV
 )
 INPUT_NAMES = tuple(i.name for i in INPUTS)
 OUTPUTS = (
@@ -77,6 +78,7 @@ OUTPUTS = (
     ("output_log_probs", "FP32"),  # TensorRT-LLM: log-prob of each token in this response
     ("cum_log_probs", "FP32"),  # TensorRT-LLM: their running sum
     ("logprobs", "STRING"),  # vLLM backend: JSON, one {token_id: {logprob, rank, ...}} per token
+    ("num_cached_tokens", "INT32"),  # prompt tokens served from the prefix cache
 )
 OUTPUT_NAMES = tuple(name for name, _ in OUTPUTS)
 
@@ -99,15 +101,17 @@ class PackedDelta:
     num_output_tokens: int
     logprobs: list = field(default_factory=list)  # vLLM-style entries, one per token
     cum_logprob: float = 0.0
+    num_cached_tokens: int = 0
 
     def to_json(self) -> str:
         return json.dumps([self.text, self.finish_reason, self.num_input_tokens,
-                           self.num_output_tokens, self.logprobs, self.cum_logprob])  # fmt: skip
+                           self.num_output_tokens, self.logprobs, self.cum_logprob,
+                           self.num_cached_tokens])  # fmt: skip
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> PackedDelta:
-        text, reason, n_in, n_out, entries, cum = json.loads(raw)
-        return cls(text, reason, int(n_in), int(n_out), entries, float(cum))
+        text, reason, n_in, n_out, entries, cum, cached = json.loads(raw)
+        return cls(text, reason, int(n_in), int(n_out), entries, float(cum), int(cached))
 
 
 def input_declarations() -> str:
@@ -144,6 +148,7 @@ class GenerateParams:
     stop: bool = False
     prompt_text: str = ""  # kept only when the prompt is echoed (exclude_input_in_output=false)
     num_input_tokens: int = 0
+    cache_salt: str | None = None  # prefix caching: requests share KV only with equal salts
 
     @property
     def max_tokens(self) -> int:
@@ -212,6 +217,8 @@ def parse_params(inputs: dict[str, np.ndarray], default_max_tokens: int) -> Gene
     record: dict = {}
     json_values = vllm_sampling(values.get("sampling_parameters"))
     record["stop_words"] = json_values.pop("stop_words", [])
+    if "cache_salt" in json_values:
+        record["cache_salt"] = json_values.pop("cache_salt")
     sampling.update(json_values)  # explicit tensors below win over the JSON
     for i in INPUTS:
         if i.target and values.get(i.name) is not None:
@@ -222,9 +229,22 @@ def parse_params(inputs: dict[str, np.ndarray], default_max_tokens: int) -> Gene
             else:
                 record[i.target] = values[i.name]
     apply_special(values, sampling)
+    check_cache_salt(record.get("cache_salt"))
     p = GenerateParams(sampling=SamplingParams(**sampling), **record)
     apply_slo(p, values)
     return p
+
+
+MAX_CACHE_SALT_CHARS = 256
+
+
+def check_cache_salt(salt) -> None:
+    """cache_salt is absent, or a non-empty string of at most MAX_CACHE_SALT_CHARS."""
+    if salt is not None and not (isinstance(salt, str) and 0 < len(salt) <= MAX_CACHE_SALT_CHARS):
+        raise ValueError(
+            f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters,"
+            f" got {salt!r:.80}"
+        )
 
 
 def apply_special(values: dict, sampling: dict) -> None:

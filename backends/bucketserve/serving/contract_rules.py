@@ -56,6 +56,8 @@ def vllm_sampling(text: str | None) -> dict:
             out[key] = _convert(obj[key], key, kind)
     if obj.get("stop") is not None:
         out["stop_words"] = _stop_list(obj["stop"])
+    if obj.get("cache_salt") is not None:  # a request field, not sampling: parse_params takes it
+        out["cache_salt"] = obj["cache_salt"]
     if obj.get("stop_token_ids") is not None:
         out["stop_token_ids"] = tuple(
             _convert(t, "stop_token_ids", int) for t in obj["stop_token_ids"]

@@ -17,7 +17,7 @@ from bucketserve.serving.decode_worker import DecodeWorker
 from bucketserve.serving.engine_glue import build_runner
 from bucketserve.serving.guarded_sender import GuardedSender
 from bucketserve.serving.handoff import KIND_GENERATE, KIND_STOP, Handoff
-from bucketserve.serving.metrics import DecodeMetrics, KvMetrics, RequestMetrics
+from bucketserve.serving.metrics import DecodeMetrics, KvMetrics, PrefixCacheMetrics, RequestMetrics
 from bucketserve.serving.model_info import load_tokenizer, model_info
 from bucketserve.serving.notify import FinishNotifier, socket_path
 from bucketserve.serving.relay import Client, ResponseRelay, merge
@@ -34,10 +34,11 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 GAUGE_INTERVAL_S = 0.25
 
 
-def response(text: str, reason: str, n_in: int, n_out: int, logprobs=None, packed=False):
+def response(text: str, reason: str, n_in: int, n_out: int, logprobs=None, packed=False,
+             num_cached: int = 0):  # fmt: skip
     """One response: the user outputs, or (a relay asked for it) the one packed tensor."""
     entries, cum = logprobs or ([], 0.0)
-    d = PackedDelta(text, reason, n_in, n_out, entries, cum)
+    d = PackedDelta(text, reason, n_in, n_out, entries, cum, num_cached)
     tensors = [bytes_tensor(PACKED_OUTPUT, d.to_json())] if packed else user_tensors(d)
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
@@ -56,7 +57,8 @@ class DecodeModel:
             cfg, cfg.decode_devices[index], shm_name(cfg.run_id, "decode", index, "kv")
         )
         pb_utils.Logger.log_info(f"{self.name}: {runner.describe()}")
-        self.blocks = BlockManager(runner.num_blocks, runner.block_size)
+        self.blocks = BlockManager(runner.num_blocks, runner.block_size,
+                                   cfg.enable_prefix_caching, namespace=cfg.model)  # fmt: skip
         self.stats = StatsBlock.create(shm_name(cfg.run_id, "decode", index, "st"))
         tokenizer = load_tokenizer(model_info(cfg)).backend_tokenizer
         self.outbox: queue.Queue = queue.Queue()
@@ -76,6 +78,7 @@ class DecodeModel:
         self.notifier = FinishNotifier(socket_path(cfg.run_dir, cfg.run_id))
         self.relay = ResponseRelay(self.worker, send, send_error, self.on_final)
         self.kv_metrics = KvMetrics(self.name)
+        self.cache_metrics = PrefixCacheMetrics(self.name)
         self.decode_metrics = DecodeMetrics(self.name)
         self.req_metrics = RequestMetrics(self.name)
         self.threads = [
@@ -134,7 +137,7 @@ class DecodeModel:
             sent_s = time.monotonic()
             finished = self.relay.deliver(merge(items))
             if finished:
-                self.kv_metrics.set(self.blocks.num_free_blocks, self.blocks.num_total_blocks)
+                self.kv_gauges()
             if time.monotonic() >= next_gauge:
                 self.housekeeping()
                 next_gauge = time.monotonic() + GAUGE_INTERVAL_S
@@ -143,9 +146,14 @@ class DecodeModel:
 
     def housekeeping(self) -> None:
         """KV gauges, and cancellation of requests whose client went away (non-streaming too)."""
-        self.kv_metrics.set(self.blocks.num_free_blocks, self.blocks.num_total_blocks)
+        self.kv_gauges()
+        self.cache_metrics.set(self.blocks)
         self.decode_metrics.set(self.worker)
         self.relay.cancel_gone()
+
+    def kv_gauges(self) -> None:
+        b = self.blocks
+        self.kv_metrics.set(b.num_free_blocks, b.num_total_blocks, b.num_evictable_blocks)
 
     def on_final(self, d: Delta, client: Client) -> None:
         """After a request's FINAL: tell the scheduler, count it, observe its latencies."""
@@ -185,9 +193,11 @@ class DecodeModel:
         self.worker.runner.close()
 
 
-def send(sender, text: str, reason: str, n_in: int, n_out: int, final: bool, logprobs=None):
+def send(sender, text: str, reason: str, n_in: int, n_out: int, final: bool, logprobs=None,
+         num_cached: int = 0):  # fmt: skip
     packed = sender.packed  # a GuardedSender: what the request asked for
-    sender.send(response(text, reason, n_in, n_out, logprobs, packed), flags=FINAL if final else 0)
+    r = response(text, reason, n_in, n_out, logprobs, packed, num_cached)
+    sender.send(r, flags=FINAL if final else 0)
 
 
 def send_error(sender, message: str, busy: bool) -> None:

@@ -22,6 +22,7 @@ class Delta:
     admitted_s: float = 0.0  # wall time the KV was pulled
     busy: bool = False  # the error is about capacity (server busy), not the request
     logprobs: list[dict] = field(default_factory=list)  # per token, when the request asked
+    num_cached_tokens: int = 0  # prompt tokens served from a prefix cache (set on the last)
 
 
 @dataclass(slots=True, eq=False)

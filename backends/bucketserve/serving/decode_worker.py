@@ -112,7 +112,7 @@ class DecodeWorker:
         h, p = s.handoff, s.handoff.params
         self.num_received += 1
         self.streams[s.key] = s
-        s.seq = Sequence(list(h.prompt_ids), p.sampling, seq_id=s.key)
+        s.seq = Sequence(list(h.prompt_ids), p.sampling, seq_id=s.key, cache_salt=p.cache_salt)
         s.text = TextStream(self.tokenizer, p.stop_words)
         if h.prefill_index >= 0:  # KV waits in a prefill pool; the first token came with it
             s.kv_pending = True
@@ -159,6 +159,7 @@ class DecodeWorker:
         if not self.ack(s):
             self.finish(s, "error", error="KV hand-off expired before decode pulled it; retry the request")  # fmt: skip
             return False
+        self.scheduler.register_kv(s.seq)  # the copied prompt KV can serve a recompute here
         self.emit_first(s, admitted_s=time.time())
         return not s.done
 
@@ -216,7 +217,16 @@ class DecodeWorker:
         tail = s.text.flush() if s.text is not None and reason != "cancelled" else ""
         n = s.seq.num_completion_tokens if s.seq is not None and s.first_sent else 0
         self.outbox.put(Delta(s.key, text + tail, n, reason, error, busy=busy,
-                              logprobs=s.take_logprobs(), **times))  # fmt: skip
+                              logprobs=s.take_logprobs(), num_cached_tokens=self.cached(s),
+                              **times))  # fmt: skip
+
+    @staticmethod
+    def cached(s: Stream) -> int:
+        """Prompt tokens a prefix cache served: the prefill instance's count for a hand-off
+        (it ran the prompt), this instance's for a prompt prefilled here."""
+        if s.handoff.prefill_index >= 0:
+            return s.handoff.num_cached_tokens
+        return s.seq.num_cached_tokens if s.seq is not None else 0
 
     def publish(self) -> None:
         sched = self.scheduler

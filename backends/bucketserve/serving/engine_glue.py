@@ -46,11 +46,11 @@ def build_runner(cfg: ServeConfig, device: str, pool_name: str):
     return ModelRunner(ecfg)
 
 
-def new_sequence(token_ids: list[int], sampling):
+def new_sequence(token_ids: list[int], sampling, cache_salt: str | None = None):
     """An engine Sequence for a request's tokens and its SamplingParams (carried as is)."""
     from bucketserve.engine.sequence import Sequence
 
-    return Sequence(list(token_ids), sampling)
+    return Sequence(list(token_ids), sampling, cache_salt=cache_salt)
 
 
 def logprob_list(lp) -> list | None:

@@ -32,6 +32,7 @@ class Handoff:
     arrival_s: float = 0.0  # wall-clock arrival at the scheduler (time.time())
     prefill_done_s: float = 0.0  # wall-clock end of prefill
     first_logprob: list | None = None  # [logprob, top ids, top logprobs] of first_token
+    num_cached_tokens: int = 0  # prompt tokens the prefill instance found in its prefix cache
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -52,6 +53,11 @@ def sampling_rows(text: str | bytes) -> list[SamplingParams]:
     return [SamplingParams(**row) for row in json.loads(text)]
 
 
+def cache_salts_json(params: list[GenerateParams]) -> str:
+    """The cache salts of a packed prefill batch (None: no salt), one per sequence."""
+    return json.dumps([p.cache_salt for p in params])
+
+
 @dataclass(slots=True)
 class PrefillResult:
     """Per-sequence outcome of a prefill batch."""
@@ -60,6 +66,7 @@ class PrefillResult:
     block_ids: list[int]
     handoff_id: int
     logprob: list | None = None  # [logprob, top ids, top logprobs] when the request asked
+    num_cached_tokens: int = 0  # prompt tokens found in the prefill instance's prefix cache
 
 
 @dataclass(slots=True)

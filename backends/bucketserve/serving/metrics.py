@@ -73,16 +73,47 @@ def counter(name: str, description: str, labels: dict):
 
 
 class KvMetrics:
-    """Free and total KV blocks of one engine instance."""
+    """Free and total KV blocks of one engine instance; free counts the blocks that only hold
+    an evictable cached prefix (allocatable), which `kv_blocks_cached` shows apart."""
 
     def __init__(self, instance: str) -> None:
         labels = {"instance": instance}
         self.free = gauge("kv_blocks_free", "Free KV cache blocks of an engine instance", labels)
         self.total = gauge("kv_blocks_total", "KV cache blocks of an engine instance", labels)
+        self.cached = gauge(
+            "kv_blocks_cached",
+            "Free KV blocks still holding a cached prefix (evictable; counted in free)", labels,
+        )  # fmt: skip
 
-    def set(self, free: int, total: int) -> None:
+    def set(self, free: int, total: int, cached: int = 0) -> None:
         self.free.set(free)
         self.total.set(total)
+        self.cached.set(cached)
+
+
+class PrefixCacheMetrics:
+    """One engine instance's prefix cache: prompt tokens looked up and found, blocks evicted
+    (counters, so hit rate = rate(hits) / rate(queries) over any window)."""
+
+    def __init__(self, instance: str) -> None:
+        labels = {"instance": instance}
+        self.queries = counter("prefix_cache_queries_total",
+                               "Prompt tokens looked up in the prefix cache", labels)  # fmt: skip
+        self.hits = counter("prefix_cache_hits_total",
+                            "Prompt tokens found in the prefix cache (not recomputed)", labels)  # fmt: skip
+        self.evictions = counter(
+            "prefix_cache_evictions_total", "Cached KV blocks evicted for reuse", labels
+        )
+        self._seen = (0, 0, 0)
+
+    def set(self, blocks) -> None:
+        """Catch the counters up with the BlockManager's totals (read from another thread)."""
+        now = (blocks.num_queried_tokens, blocks.num_hit_tokens, blocks.num_evictions)
+        for c, new, old in zip((self.queries, self.hits, self.evictions), now, self._seen,
+                               strict=True):  # fmt: skip
+            if new > old:
+                c.increment(new - old)
+        self._seen = now
 
 
 class RequestMetrics:

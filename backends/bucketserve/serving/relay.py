@@ -42,7 +42,8 @@ class Client:
 
 
 class ResponseRelay:
-    """`send(sender, text, reason, n_in, n_out, final, logprobs)`, `send_error(sender, message, busy)`,
+    """`send(sender, text, reason, n_in, n_out, final, logprobs, num_cached)`,
+    `send_error(sender, message, busy)`,
     `on_final(delta, client)` (finish notice, metrics) are injected."""
 
     def __init__(self, worker, send: Callable, send_error: Callable, on_final: Callable) -> None:
@@ -148,7 +149,8 @@ class ResponseRelay:
                 self.send_error(client.sender, d.error, d.busy)
             else:
                 self.send(client.sender, text, d.finish_reason, p.num_input_tokens,
-                          d.num_output_tokens, True, client.take_logprobs())  # fmt: skip
+                          d.num_output_tokens, True, client.take_logprobs(),
+                          d.num_cached_tokens)  # fmt: skip
         except Exception as e:
             self.last_resort(client, e)
         self.on_final(d, client)  # the scheduler's account is freed whatever the client got
@@ -176,4 +178,5 @@ def merge(items: list[Delta]) -> list[Delta]:
         prev.finish_reason, prev.error, prev.busy = d.finish_reason, d.error, d.busy
         prev.first_token_s = prev.first_token_s or d.first_token_s
         prev.logprobs += d.logprobs
+        prev.num_cached_tokens = d.num_cached_tokens
     return list(merged.values())

@@ -14,6 +14,11 @@ straight to that instance as hand-offs without KV, which it prefills in chunks i
 fused iterations. An instance is offered again once it has taken in everything sent to it and
 its prompt backlog is below one iteration's budget, so the policy's queue order (buckets,
 deadlines) still decides what runs next instead of the instance's FIFO.
+
+Prefix-aware placement (with a `PrefixIndex`): the instances offered are ordered for the
+oldest waiting request by cached overlap vs load (`scheduling/prefix_index.py`), from the
+scheduler's own record of which prompt blocks it sent where; least loaded when the loads
+differ by more than `balance_tokens`.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bucketserve.engine.block_hash import block_hashes
 from bucketserve.scheduling import ClusterView, PrefillBatch, RequestMeta
 from bucketserve.scheduling.memory import capacity_message
+from bucketserve.scheduling.prefix_index import PrefixIndex, by_affinity
 from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.handoff import KIND_CANCELLED, KIND_GENERATE, KIND_STOP, Handoff
 
@@ -34,6 +41,7 @@ ERROR_BACKOFF_S = 0.5  # after an unexpected error, before the loop tries again
 INTAKE_TIMEOUT_S = 5.0  # colocated: a batch not taken in by then (instance restarted) is forgotten
 IDLE_WAIT_S = 0.005
 METRICS_INTERVAL_S = 0.5
+BALANCE_TOKENS = 2048.0  # prefix-aware placement: load gap (tokens) beyond which load wins
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,7 @@ class Waiting:
     ids: list[int]
     params: GenerateParams
     arrival_s: float  # wall clock, for latency metrics downstream
+    hashes: list[int] | None = None  # its full-block hashes (prefix-aware placement)
 
 
 def instance_index(instance_id: str) -> int:
@@ -61,8 +70,10 @@ class SchedulerCore:
     """Owns the waiting table and the threads; every policy call happens under `cond`."""
 
     def __init__(self, sched, view: Callable[[], ClusterView | None], prefill, send_handoff,
-                 send_error, num_prefill: int, metrics, chunk_tokens: int = 0) -> None:  # fmt: skip
+                 send_error, num_prefill: int, metrics, chunk_tokens: int = 0,
+                 prefix_index: PrefixIndex | None = None) -> None:  # fmt: skip
         self.sched, self.view, self.prefill = sched, view, prefill
+        self.prefix_index, self.block_size = prefix_index, 16  # block size: from the stats
         self.chunk_tokens = chunk_tokens  # > 0: colocated instances, no prefill calls
         self.sent: dict[int, int] = {}  # colocated: requests sent per instance
         self.open: dict[int, tuple[PrefillBatch, float]] = {}  # batch not yet taken in
@@ -92,14 +103,16 @@ class SchedulerCore:
         with self.cond:
             key = str(self.next_key)
             self.next_key += 1
+            item = Waiting(sender, ids, params, time.time())
             meta = RequestMeta(key, len(ids), params.max_tokens, time.monotonic(),
-                               params.slo_class, params.ttft_slo_s, params.tpot_slo_s)  # fmt: skip
+                               params.slo_class, params.ttft_slo_s, params.tpot_slo_s,
+                               num_cached_tokens=self.probably_cached(item))  # fmt: skip
             try:
                 self.sched.add(meta)
             except ValueError as e:
                 self.send_error(sender, f"scheduler: {e}", False)
                 return
-            self.waiting[key] = Waiting(sender, ids, params, time.time())
+            self.waiting[key] = item
             self.fresh.append(key)
             if params.request_id:
                 self.by_user_id[params.request_id] = key
@@ -149,6 +162,11 @@ class SchedulerCore:
         view.prefill = [p for p in view.prefill if p.instance_id not in self.busy]
         if not view.prefill or not self.waiting:
             return None
+        preferred = self.by_affinity(view.prefill)[0]
+        if len(view.prefill) > 1:  # the instance that probably caches the prefix, if it fits
+            picked = self.decide(ClusterView(prefill=[preferred], decode=view.decode))
+            if picked is not None:
+                return picked
         return self.decide(view)
 
     def next_colocated(self) -> tuple[PrefillBatch, list[Waiting]] | None:
@@ -157,12 +175,48 @@ class SchedulerCore:
         if view is None:
             return None
         self.reject_unfittable(view)
-        for stats in sorted(view.decode, key=lambda s: (s.prefill_backlog, s.running)):
+        least_loaded = sorted(view.decode, key=lambda s: (s.prefill_backlog, s.running))
+        for stats in self.by_affinity(least_loaded):
             if self.intake_open(stats) and self.waiting:
                 picked = self.decide(ClusterView(prefill=[stats], decode=[stats]))
                 if picked is not None:
                     return picked
         return None
+
+    def by_affinity(self, instances: list) -> list:
+        """`instances` ordered for the oldest waiting request: cached overlap vs load."""
+        if instances:
+            self.block_size = instances[0].block_size  # the engines' (hashes are per size)
+        if self.prefix_index is None or len(instances) < 2 or not self.waiting:
+            return instances
+        item = next(iter(self.waiting.values()))  # arrival order: the policy's likely next
+        overlap = self.prefix_index.overlap(self.hashes(item))
+        load = {s.instance_id: float(s.prefill_backlog + s.running) for s in instances}
+        ids = [s.instance_id for s in instances]
+        order = by_affinity(ids, overlap, load, len(item.ids), self.block_size, BALANCE_TOKENS)
+        return sorted(instances, key=lambda s: order.index(s.instance_id))
+
+    def probably_cached(self, item: Waiting) -> int:
+        """Prompt tokens some instance probably caches (the engine always computes the last)."""
+        if self.prefix_index is None:
+            return 0
+        blocks = max(self.prefix_index.overlap(self.hashes(item)).values(), default=0)
+        return min(
+            blocks * self.block_size, (len(item.ids) - 1) // self.block_size * self.block_size
+        )
+
+    def hashes(self, item: Waiting) -> list[int]:
+        if item.hashes is None:
+            item.hashes = block_hashes(item.ids, self.block_size, cache_salt=item.params.cache_salt)
+        return item.hashes
+
+    def record(self, instance_id: str, items: list[Waiting]) -> None:
+        """Where these prompts' blocks now (probably) are."""
+        if self.prefix_index is None:
+            return
+        with self.cond:  # the decision thread reads the index (cond's lock is re-entrant)
+            for item in items:
+                self.prefix_index.record(instance_id, self.hashes(item))
 
     def intake_open(self, stats) -> bool:
         """Colocated: the instance took in what was sent and has room in its next iteration;
@@ -222,6 +276,7 @@ class SchedulerCore:
             self.sent[index] = self.sent.get(index, 0) + len(items)
             self.open[index] = (batch, time.monotonic())
         self.metrics.placed(batch.prefill_id, batch.decode_id, batch.size)
+        self.record(batch.decode_id, items)
         for item, meta in zip(items, batch.requests, strict=True):
             self.send_handoff(item.sender, Handoff(
                 KIND_GENERATE, item.params, prompt_ids=item.ids, decode_index=index,
@@ -256,6 +311,7 @@ class SchedulerCore:
             self.sched.on_batch_done(batch, duration)
         self.metrics.batch(len(items), batch.padding_ratio, duration)
         self.metrics.placed(batch.prefill_id, batch.decode_id, batch.size)
+        self.record(batch.prefill_id, items)
         done, decode_index = time.time(), instance_index(batch.decode_id)
         for item, res, meta in zip(items, reply.results, batch.requests, strict=True):
             self.send_handoff(item.sender, Handoff(
@@ -264,6 +320,7 @@ class SchedulerCore:
                 handoff_table=reply.handoff_table, handoff_id=res.handoff_id,
                 block_ids=res.block_ids, arrival_s=item.arrival_s, prefill_done_s=done,
                 sched_key=meta.request_id, first_logprob=res.logprob,
+                num_cached_tokens=res.num_cached_tokens,
             ))  # fmt: skip
 
     def close(self) -> list[Waiting]:

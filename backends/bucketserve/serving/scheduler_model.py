@@ -9,10 +9,16 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from bucketserve.scheduling import make_scheduler
+from bucketserve.scheduling.prefix_index import PrefixIndex
 from bucketserve.serving.cluster import ClusterStats
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.handoff import Handoff, PrefillReply, sampling_rows_json
+from bucketserve.serving.handoff import (
+    Handoff,
+    PrefillReply,
+    cache_salts_json,
+    sampling_rows_json,
+)
 from bucketserve.serving.metrics import PlacementMetrics, SchedulerMetrics
 from bucketserve.serving.model_info import model_info
 from bucketserve.serving.notify import FinishListener, socket_path
@@ -47,6 +53,7 @@ def call_prefill(index: int, items: list[Waiting]) -> PrefillReply:
             pb_utils.Tensor("input_ids", ids),
             pb_utils.Tensor("seq_lens", lens),
             bytes_tensor("sampling", rows),
+            bytes_tensor("cache_salts", cache_salts_json([i.params for i in items])),
         ],
     )
     response = request.exec()
@@ -83,6 +90,7 @@ class SchedulerModel:
         self.core = SchedulerCore(
             sched, self.cluster.view, call_prefill, send_handoff, send_error,
             len(self.cfg.engine_prefill_devices), Metrics(self.cfg), self.cfg.iteration_tokens if self.cfg.is_colocated else 0,
+            PrefixIndex() if self.cfg.enable_prefix_caching else None,
         )  # fmt: skip
         self.listener = FinishListener(
             socket_path(self.cfg.run_dir, self.cfg.run_id), self.core.finished

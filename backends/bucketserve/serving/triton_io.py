@@ -51,6 +51,7 @@ def user_tensors(d: PackedDelta) -> list:
         pb_utils.Tensor("output_log_probs", np.asarray(values, dtype=np.float32)),
         pb_utils.Tensor("cum_log_probs", np.asarray(cum, dtype=np.float32)),
         bytes_tensor("logprobs", json.dumps(d.logprobs) if d.logprobs else ""),
+        pb_utils.Tensor("num_cached_tokens", np.array([d.num_cached_tokens], dtype=np.int32)),
     ]
 
 

@@ -79,6 +79,22 @@ def test_late_ack_cannot_release_a_reused_slot(names):
     producer.unlink()
 
 
+def test_cached_prefix_blocks_may_be_pending_in_several_handoffs(tables):
+    """Prefix caching shares blocks: each hand-off holds its own reference, returned once per
+    hand-off; only the declared shared prefix may overlap another pending hand-off."""
+    producer, consumer = tables
+    first = producer.publish([1, 2, 3], now=0.0)
+    second = producer.publish([1, 2, 4], now=0.0, num_shared=2)
+    with pytest.raises(ValueError, match="already pending"):
+        producer.publish([1, 3], now=0.0, num_shared=1)  # 3 is not a shared prefix block
+    assert producer.num_pending_blocks == 4
+    assert consumer.ack(first) is True
+    assert producer.reclaim(now=1.0) == [1, 2, 3]
+    assert producer.num_pending_blocks == 3  # 1 and 2 still held by the second
+    assert producer.reclaim(now=TIMEOUT_S) == [1, 2, 4] and producer.num_pending_blocks == 0
+    assert consumer.ack(second) is False
+
+
 def test_publish_and_ack_validate(tables):
     producer, consumer = tables
     with pytest.raises(ValueError, match="must not be empty"):

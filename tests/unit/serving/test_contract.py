@@ -125,8 +125,22 @@ def test_declarations_cover_the_table():
 
 def test_packed_delta_round_trips_through_json():
     entries = [{"42": {"logprob": -0.5, "rank": 1, "decoded_token": "ü\u2028"}}]
-    d = PackedDelta("héllo\u2028 wörld", "length", 7, 3, entries, -0.5)
+    d = PackedDelta("héllo\u2028 wörld", "length", 7, 3, entries, -0.5, 32)
     raw = d.to_json().encode("utf-8")  # as it travels: a BYTES tensor
     assert PackedDelta.from_json(raw) == d
     empty = PackedDelta("", "", 0, 0)
     assert PackedDelta.from_json(empty.to_json()) == empty
+
+
+def test_cache_salt_from_its_tensor_or_sampling_parameters_and_validated():
+    assert parse_params({}, 64).cache_salt is None
+    p = parse_params({"cache_salt": t(b"tenant-a", np.object_)}, 64)
+    assert p.cache_salt == "tenant-a" and GenerateParams.from_json(p.to_json()) == p
+    raw = json.dumps({"cache_salt": "tenant-b", "max_tokens": 3}).encode()
+    p = parse_params({"sampling_parameters": t(raw, np.object_)}, 64)
+    assert (p.cache_salt, p.max_tokens) == ("tenant-b", 3)
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string of at most 256"):
+        parse_params({"cache_salt": t(b"x" * 300, np.object_)}, 64)
+    raw = json.dumps({"cache_salt": 7}).encode()
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string"):
+        parse_params({"sampling_parameters": t(raw, np.object_)}, 64)

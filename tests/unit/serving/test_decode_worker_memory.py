@@ -83,8 +83,8 @@ def handoff(prompt: list[int], max_tokens: int, with_kv: bool = True) -> Handoff
 
 
 def run(num_blocks: int, prompts: list[list[int]], max_tokens: int, timeout_s: float = 30.0,
-        with_kv: bool = True, token_budget: int = 4096):  # fmt: skip
-    blocks, outbox = BlockManager(num_blocks, 4), queue.Queue()
+        with_kv: bool = True, token_budget: int = 4096, caching: bool = False):  # fmt: skip
+    blocks, outbox = BlockManager(num_blocks, 4, enable_caching=caching), queue.Queue()
     worker = DecodeWorker(ContextRunner(4), blocks, None, None, outbox, timeout_s, watermark=0.0,
                           token_budget=token_budget)  # fmt: skip
     worker.publish = lambda: None
@@ -169,3 +169,35 @@ def test_colocated_prompts_under_preemption_keep_their_text():
     worker, blocks, texts, _ = run(14, LONG, max_tokens=10, with_kv=False, token_budget=8)
     assert worker.num_preemptions > 0 and texts == reference
     assert blocks.num_free_blocks == 14
+
+
+SHARED = [list(range(3, 24)) + [50 + i] * (i + 1) for i in range(4)] + [list(range(3, 24))] * 2
+
+
+@pytest.mark.parametrize(("num_blocks", "budget"), [(64, 64), (64, 5), (16, 8)])
+def test_colocated_prefix_cache_same_text_cached_counts_and_no_leak(num_blocks, budget):
+    """Prompts sharing a 21-token prefix, one iteration after another: the later ones prefill
+    only their suffix, report the cached tokens, give the same text; every block comes back
+    free (or cached and evictable) whatever the pressure."""
+    _, _, reference, _ = run(64, SHARED, max_tokens=6, with_kv=False)
+    worker, blocks, texts, finals = run(num_blocks, SHARED, max_tokens=6, with_kv=False,
+                                        token_budget=budget, caching=True)  # fmt: skip
+    assert texts == reference
+    assert 0 < sum(d.num_cached_tokens for d in finals.values()) <= blocks.num_hit_tokens
+    assert all(d.num_cached_tokens % 4 == 0 for d in finals.values())
+    assert blocks.num_free_blocks == num_blocks and not any(blocks._ref)
+
+
+def test_handoff_reports_the_prefill_side_cached_tokens():
+    h = handoff([5, 6, 7, 8, 9], 3)
+    h.num_cached_tokens = 4
+    blocks, outbox = BlockManager(16, 4, enable_caching=True), queue.Queue()
+    worker = DecodeWorker(ContextRunner(4), blocks, None, None, outbox, 30.0, watermark=0.0)
+    worker.publish = lambda: None
+    worker.submit(0, h)
+    finals = []
+    while not finals:
+        worker.iterate()
+        finals = [d for d in list(outbox.queue) if d.finish_reason]
+    assert finals[0].num_cached_tokens == 4
+    assert blocks.num_cached_blocks == 1  # the copied prompt's full block joined the cache

@@ -31,7 +31,7 @@ class Worker:
 def make():
     worker, finals = Worker(), []
 
-    def send(sender, text, reason, n_in, n_out, final, logprobs=None):
+    def send(sender, text, reason, n_in, n_out, final, logprobs=None, num_cached=0):
         sender.sent.append(("ok", text, reason, n_out, final))
 
     def send_error(sender, message, busy):
@@ -93,7 +93,7 @@ class FailingSender(Sender):
 def make_failing():
     worker, finals = Worker(), []
 
-    def send(sender, text, reason, n_in, n_out, final, logprobs=None):
+    def send(sender, text, reason, n_in, n_out, final, logprobs=None, num_cached=0):
         if isinstance(sender, FailingSender):
             raise RuntimeError("Unable to send response")
         sender.sent.append(("ok", text, reason, n_out, final))

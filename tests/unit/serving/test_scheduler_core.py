@@ -7,8 +7,10 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from bucketserve.engine.block_hash import block_hashes
 from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.scheduling import ClusterView, InstanceStats, SchedulerConfig, make_scheduler
+from bucketserve.scheduling.prefix_index import PrefixIndex
 from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.handoff import KIND_GENERATE, PrefillReply, PrefillResult
 from bucketserve.serving.scheduler_core import SchedulerCore, instance_index
@@ -68,11 +70,11 @@ class Recorder:
         return SimpleNamespace(decision=lambda *a: None, batch=lambda *a: None, placed=placed)
 
 
-def make_core(rec: Recorder, cluster: Cluster, **cfg) -> SchedulerCore:
+def make_core(rec: Recorder, cluster: Cluster, prefix_index=None, **cfg) -> SchedulerCore:
     sched_cfg = SchedulerConfig(max_model_len=2048, block_size=16, **cfg)
     sched = make_scheduler("fcfs", sched_cfg, time.monotonic)
     core = SchedulerCore(sched, cluster.view, rec.prefill, rec.send_handoff, rec.send_error,
-                         cluster.num_prefill, rec.metrics())  # fmt: skip
+                         cluster.num_prefill, rec.metrics(), prefix_index=prefix_index)  # fmt: skip
     core.start()
     return core
 
@@ -232,3 +234,47 @@ def test_colocated_offers_the_least_loaded_instance_first(policy):
     finally:
         core.close()
     assert rec.handoffs[0][1].decode_index == 1
+
+
+def test_prefix_aware_placement_sends_a_shared_prefix_where_it_went_before():
+    """Requests whose 64-token prefix the index places on prefill1 go there, though prefill0
+    is as empty and first by name (where they go without an index); an unrelated prompt and
+    another tenant's (salt) do not follow."""
+    shared = list(range(100, 164))
+    index = PrefixIndex()
+    index.record("prefill1", block_hashes(shared, 16))
+    plain = GenerateParams(sampling=SamplingParams(max_tokens=4))
+    salted = GenerateParams(sampling=SamplingParams(max_tokens=4), cache_salt="t")
+    rec = Recorder()
+    core = make_core(rec, Cluster(2, 1), prefix_index=index)
+    prompts = [(shared + [i], plain) for i in range(4)] + [(shared, salted), ([5] * 70, plain)]
+    try:
+        for i, (ids, params) in enumerate(prompts):
+            core.add(f"s{i}", ids, params)
+            wait_for(lambda i=i: len(rec.handoffs) == i + 1)
+    finally:
+        core.close()
+    assert [c[0] for c in rec.calls] == [1, 1, 1, 1, 0, 0]
+
+
+def test_buckets_see_the_uncached_length():
+    """A 1,000-token prompt whose first 960 tokens the index places somewhere is a short
+    prefill: its RequestMeta carries the cached estimate, and buckets sort it by the rest."""
+    shared = list(range(1000, 1960))
+    index = PrefixIndex()
+    index.record("prefill0", block_hashes(shared, 16))
+    rec = Recorder(prefill_s=0.2)
+    core = make_core(rec, Cluster(1, 1), prefix_index=index)
+    metas = []
+    core.sched.add = lambda meta, add=core.sched.add: (metas.append(meta), add(meta))[1]
+    params = GenerateParams(sampling=SamplingParams(max_tokens=4))
+    try:
+        core.add("a", shared + list(range(40)), params)
+        core.add("b", list(range(5000, 6000)), params)
+        wait_for(lambda: len(rec.handoffs) == 2)
+    finally:
+        core.close()
+    assert [(m.prompt_len, m.num_cached_tokens, m.bucket_len) for m in metas] == [
+        (1000, 960, 40),
+        (1000, 0, 1000),
+    ]

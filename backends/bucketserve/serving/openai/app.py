@@ -176,7 +176,7 @@ async def _answer(req, chunks, shape):
     except TritonError as e:
         await chunks.aclose()
         raise triton_error(str(e)) from None
-    u = R.usage(last.num_input_tokens, last.num_output_tokens)
+    u = R.usage(last.num_input_tokens, last.num_output_tokens, last.num_cached_tokens)
     return shape.whole(text, reason, entries, u)
 
 
@@ -207,7 +207,7 @@ async def _sse(first, chunks, shape, with_usage: bool):
     finally:
         await chunks.aclose()
     if with_usage:
-        u = R.usage(last.num_input_tokens, last.num_output_tokens)
+        u = R.usage(last.num_input_tokens, last.num_output_tokens, last.num_cached_tokens)
         yield _event(R.usage_chunk(shape.id, shape.model, shape.obj, u))
     yield "data: [DONE]\n\n"
 

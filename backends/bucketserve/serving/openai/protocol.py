@@ -53,6 +53,7 @@ class Common(BaseModel):
     top_k: int | None = Field(None, ge=-1)
     min_tokens: int | None = Field(None, ge=0)
     repetition_penalty: float | None = Field(None, gt=0, le=10)
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # prefix-cache tenant
 
     def check_common(self) -> None:
         if self.n != 1:
@@ -64,7 +65,8 @@ class Common(BaseModel):
                "seed": self.seed, "stop": self.stop, "presence_penalty": self.presence_penalty,
                "frequency_penalty": self.frequency_penalty, "logprobs": logprobs,
                "top_k": self.top_k, "min_tokens": self.min_tokens,
-               "repetition_penalty": self.repetition_penalty}  # fmt: skip
+               "repetition_penalty": self.repetition_penalty,
+               "cache_salt": self.cache_salt}  # fmt: skip
         return {k: v for k, v in out.items() if v is not None}
 
 

@@ -12,8 +12,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def usage(n_in: int, n_out: int) -> dict:
-    return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+def usage(n_in: int, n_out: int, num_cached: int = 0) -> dict:
+    return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out,
+            "prompt_tokens_details": {"cached_tokens": num_cached}}  # fmt: skip
 
 
 def finish(reason: str) -> str | None:

@@ -26,6 +26,7 @@ class Chunk:
     num_input_tokens: int
     num_output_tokens: int  # cumulative, as the decode model reports it
     logprobs: list[dict] = field(default_factory=list)  # vLLM-backend shape, one per token
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (final response)
 
 
 class TritonError(Exception):
@@ -71,10 +72,12 @@ async def generate(pool: StreamPool, inputs: list[Tensor]) -> AsyncIterator[Chun
 def _chunk(result) -> Chunk:
     raw = result.as_numpy("logprobs")
     logprobs = json.loads(raw.reshape(-1)[0] or b"[]") if raw is not None else []
+    cached = result.as_numpy("num_cached_tokens")
     return Chunk(
         text=result.as_numpy("text_output").reshape(-1)[0].decode("utf-8"),
         finish_reason=result.as_numpy("finish_reason").reshape(-1)[0].decode(),
         num_input_tokens=int(result.as_numpy("num_input_tokens").reshape(-1)[0]),
         num_output_tokens=int(result.as_numpy("num_output_tokens").reshape(-1)[0]),
         logprobs=logprobs,
+        num_cached_tokens=int(cached.reshape(-1)[0]) if cached is not None else 0,
     )
