@@ -33,10 +33,13 @@ class ClusterSpec:
     topology: str = "auto"
     gpus_per_instance: int = 1
     chunk_tokens: int = 512  # chunked: Sarathi's per-iteration token budget
+    bullet_tpot_share: float = 0.5  # bullet: decode's SMs meet this share of the TPOT SLO
 
     def __post_init__(self) -> None:
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"topology must be one of {TOPOLOGIES}, got {self.topology!r}")
+        if not 0 < self.bullet_tpot_share <= 1:
+            raise ValueError(f"bullet_tpot_share must be in (0, 1], got {self.bullet_tpot_share}")
         for name in (
             "kv_blocks",
             "kv_bytes_per_token",

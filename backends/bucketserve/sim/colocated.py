@@ -2,7 +2,7 @@
 its own share of the SMs, over one shared KV pool (no hand-off).
 
 SLO-aware partitioning (Bullet's Algorithm 1, step 4, simplified): while a prefill runs,
-decode gets the fewest SMs whose step still meets `tpot_share` x its TPOT SLO; prefill gets
+decode gets the fewest SMs whose step still meets `bullet_tpot_share` (0.5) x its TPOT SLO; prefill gets
 the rest, fixed for the batch (Bullet re-decides between layer groups; we decide per batch).
 With no prefill running decode gets every SM, and with no decode prefill does. The queue
 order and batch rule are the "bullet" policy's (scheduling/orderings.py).
@@ -64,11 +64,11 @@ class BulletGpu:
 class BulletEngine:
     """Event handlers of the colocated SM-sharing deployment, driven by the Simulator."""
 
-    def __init__(self, sim, tpot_share: float = 0.5) -> None:
+    def __init__(self, sim) -> None:
         self.sim = sim
         c = sim.cluster
         srm = SmPartitionLatency(sim.latency)
-        target = tpot_share * min(r.meta.tpot_slo_s for r in sim.requests)
+        target = c.bullet_tpot_share * min(r.meta.tpot_slo_s for r in sim.requests)
         self.gpus = [BulletGpu(f"gpu{i}", c, srm, target) for i in range(c.num_aggregated)]
         self.workers = [g.w for g in self.gpus]
 
