@@ -114,7 +114,7 @@ def document(rows: list[dict], wall_s: float | None) -> str:
     out = ["### SLO grid: the best static configuration per cell", "",
            f"Method: `python -m bucketserve.sim.grid` (docstring). Seeds: "
            f"{', '.join(map(str, seeds))} ({'one seed: no CIs' if len(seeds) == 1 else 'mean ± 95 % CI'}). "
-           f"Arrivals Poisson, {dur} per run; rates {grid} req/s (step 1 or 8), each sweep "
+           f"Arrivals Poisson, {dur} per run; rates {grid} req/s (Mixed/phased step 1 to 10, then 2; Alpaca step 8), each sweep "
            "upwards until no cell reaches 90 %. A run counts in a cell only if steady under "
            "that cell's SLO (`sim/steady.py`: no growing or standing backlog, no last-third "
            f"collapse). {runs} simulations ({cpu / 60:.0f} CPU-min){took}. Goodput@90 in "
