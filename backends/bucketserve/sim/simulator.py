@@ -17,6 +17,7 @@ from bucketserve.scheduling import ClusterView, PrefillBatch, SchedulerConfig, m
 from bucketserve.sim.chunked import AggregatedEngine, ChunkedEngine
 from bucketserve.sim.cluster import ClusterSpec
 from bucketserve.sim.colocated import BulletEngine
+from bucketserve.sim.hybrid import HybridEngine
 from bucketserve.sim.instance import SimInstance, unfused_time
 from bucketserve.sim.outcome import SimOutcome
 from bucketserve.sim.scls import SclsEngine
@@ -25,7 +26,7 @@ from bucketserve.sim.workload import SimRequest
 
 MAX_EVENTS = 20_000_000
 ENGINES = {"aggregated": AggregatedEngine, "bullet": BulletEngine, "chunked": ChunkedEngine,
-           "scls": SclsEngine}  # fmt: skip
+           "hybrid": HybridEngine, "scls": SclsEngine}  # fmt: skip
 
 
 class Simulator:
