@@ -4,8 +4,9 @@
 
 Cells: TPOT {40, 60, 100 ms} x TTFT scale {0.5, 1, 2} (x the default max(0.25 s, 1.5 ms x
 prompt tokens)) x {Mixed, Alpaca, phased}. Configurations: DistServe's P:D ratios at TP1 and
-1P1D at TP2, Sarathi (fcfs) chunked 256/512/1024 at TP1 and 512 at TP2, EDF chunked 512 at
-TP1 and TP2, Bullet, vLLM-like aggregated fcfs, bucketserve+ chunked; always 4 GPUs.
+1P1D at TP2, Sarathi (fcfs) chunked 256/512/1024 at TP1 and 512 at TP2, EDF chunked 512, Bullet (decode held to 0.5 and
+0.9 x TPOT), vLLM-like aggregated fcfs, bucketserve+ chunked, and two static-slider
+hybrids (sim/hybrid.py); always 4 GPUs.
 
 A run's simulation does not depend on the SLO unless its policy reads it (EDF deadlines,
 bucketserve+ slack, Bullet's SM split), so SLO-blind systems run once per rate and every cell
@@ -37,9 +38,9 @@ from bucketserve.sim.workload import SimRequest, WorkloadSpec, make_requests
 TPOTS = (0.04, 0.06, 0.1)
 TTFT_SCALES = (0.5, 1.0, 2.0)
 WORKLOADS = ("mixed", "alpaca", "phased")
-# Mixed and phased: 600 s; Alpaca requests live ~4 s, so 120 s is 30 lifetimes (turn 3's
+# Mixed and phased: 600 s; Alpaca requests live ~4 s, so 60 s is 15 lifetimes (turn 3's
 # check found its 40 s runs hold at 120 s); the detector fails any run that is not steady
-DURATION = {"mixed": 600.0, "alpaca": 120.0, "phased": 600.0}
+DURATION = {"mixed": 600.0, "alpaca": 60.0, "phased": 600.0}
 RATES = {
     "mixed": (*(float(r) for r in range(1, 11)), 12.0, 14.0, 16.0, 18.0, 20.0),
     "alpaca": tuple(8.0 * i for i in range(1, 13)),
@@ -62,7 +63,7 @@ class GridSystem:
     slo_aware: bool = False
 
 
-PD, CH = {"topology": "pd"}, {"topology": "chunked"}
+PD, CH, HY = {"topology": "pd"}, {"topology": "chunked"}, {"topology": "hybrid"}
 TP2_PD, TP2_AGG = PD | {"num_prefill": 1, "num_decode": 1}, {"num_aggregated": 2}
 SYSTEMS = (
     GridSystem("distserve 1P3D", "distserve", "distserve", PD | {"num_prefill": 1, "num_decode": 3}),
@@ -74,11 +75,13 @@ SYSTEMS = (
     GridSystem("sarathi 1024", "chunked", "fcfs", CH | {"chunk_tokens": 1024}),
     GridSystem("sarathi TP2 512", "chunked", "fcfs", CH | TP2_AGG, 2),
     GridSystem("edf chunked 512", "chunked", "edf", CH, 1, True),
-    GridSystem("edf chunked TP2 512", "chunked", "edf", CH | TP2_AGG, 2, True),
     GridSystem("bucketserve+ chunked 512", "chunked", "bucketserve+", CH, 1, True),
     GridSystem("bullet", "bullet", "bullet", {}, 1, True),
     GridSystem("bullet, target 0.9 x TPOT", "bullet", "bullet", {"bullet_tpot_share": 0.9}, 1, True),
     GridSystem("vllm-like aggregated", "aggregated", "fcfs", {"topology": "aggregated"}),
+    # static-slider hybrids (sim/hybrid.py): prefill-heavy instances hand decodes over
+    GridSystem("hybrid 2x2048 + 2 decode-only", "hybrid", "fcfs", HY | {"chunk_budgets": (2048, 2048, 0, 0)}),
+    GridSystem("hybrid 1024 + 2x256 + 1 decode-only", "hybrid", "fcfs", HY | {"chunk_budgets": (1024, 256, 256, 0)}),
 )  # fmt: skip
 
 
@@ -165,8 +168,9 @@ def _unit(args) -> list[dict]:
 def run_all(todo: list[tuple], workers: int, sink) -> list[dict]:
     rows: list[dict] = []
     t0 = time.perf_counter()
-    # Mixed, then phased, then Alpaca (an interrupted run renders what it finished)
-    todo = sorted(todo, key=lambda u: (WORKLOADS.index(u[1]), len(u[3]) == 1))
+    # Mixed, then Alpaca, then phased (an interrupted run renders what it finished)
+    order = ("mixed", "alpaca", "phased")
+    todo = sorted(todo, key=lambda u: (order.index(u[1]), len(u[3]) == 1))
     with get_context("fork").Pool(workers) as pool:
         for i, result in enumerate(pool.imap_unordered(_unit, todo), 1):
             rows += result

@@ -15,7 +15,8 @@ END = "<!-- END generated grid -->"
 NUMERIC = {"tp", "seed", "rate", "duration_s", "served_rate", "tpot_s", "ttft_scale",
            "attainment", "late_attainment", "final_backlog", "effective", "cpu_s"}  # fmt: skip
 FAMILIES = (("distserve", "DistServe (ratio × TP)"), ("chunked", "Sarathi / EDF chunked"),
-            ("bullet", "Bullet"), ("aggregated", "vLLM-like"))  # fmt: skip
+            ("bullet", "Bullet"), ("aggregated", "vLLM-like"),
+            ("hybrid", "hybrid (static slider)"))  # fmt: skip
 Cell = tuple[float, float]
 
 
@@ -67,7 +68,7 @@ def summary(g: dict, w: str) -> list[str]:
         for fam, _ in FAMILIES:
             name, v = best(g, w, cell, fam)
             fams.append("—" if math.isnan(v) else f"{v:.2f} ({name})" if fam in
-                        ("distserve", "chunked") else f"{v:.2f}")  # fmt: skip
+                        ("distserve", "chunked", "bullet", "hybrid") else f"{v:.2f}")  # fmt: skip
         ds = best(g, w, cell, "distserve")[1]
         ratio = f"{top / ds:.2f}×" if ds and ds == ds and ds > 0 else "—"
         at_top = "≥ " if top >= RATES[w][-1] else ""  # the sweep ran off the grid
@@ -95,7 +96,7 @@ def verdict(g: dict) -> list[str]:
     total = sum(winners.values())
     ranked = ", ".join(f"{k} {v}" for k, v in sorted(winners.items(), key=lambda kv: -kv[1]))
     if len(winners) == 1:
-        return [f"**Kill test: one static configuration, {ranked.split(' ')[0]}, wins all "
+        return [f"**Kill test: one static configuration, {next(iter(winners))}, wins all "
                 f"{total} cells.**"]  # fmt: skip
     return [
         f"Cells won (of {total}): {ranked}. No single static configuration wins every "
