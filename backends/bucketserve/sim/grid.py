@@ -77,7 +77,7 @@ SYSTEMS = (
     GridSystem("edf chunked 512", "chunked", "edf", CH, 1, True),
     GridSystem("bucketserve+ chunked 512", "chunked", "bucketserve+", CH, 1, True),
     GridSystem("bullet", "bullet", "bullet", {}, 1, True),
-    GridSystem("bullet, target 0.9 x TPOT", "bullet", "bullet", {"bullet_tpot_share": 0.9}, 1, True),
+    GridSystem("bullet 0.9 TPOT", "bullet", "bullet", {"bullet_tpot_share": 0.9}, 1, True),
     GridSystem("vllm-like aggregated", "aggregated", "fcfs", {"topology": "aggregated"}),
     # static-slider hybrids (sim/hybrid.py): prefill-heavy instances hand decodes over
     GridSystem("hybrid 2x2048 + 2 decode-only", "hybrid", "fcfs", HY | {"chunk_budgets": (2048, 2048, 0, 0)}),
@@ -168,9 +168,9 @@ def _unit(args) -> list[dict]:
 def run_all(todo: list[tuple], workers: int, sink) -> list[dict]:
     rows: list[dict] = []
     t0 = time.perf_counter()
-    # Mixed, then Alpaca, then phased (an interrupted run renders what it finished)
-    order = ("mixed", "alpaca", "phased")
-    todo = sorted(todo, key=lambda u: (order.index(u[1]), len(u[3]) == 1))
+    # Mixed whole, then the SLO-blind sweeps of Alpaca and phased, then their SLO-aware ones
+    # (an interrupted run renders what it finished)
+    todo = sorted(todo, key=lambda u: (u[1] != "mixed", len(u[3]) == 1, u[1] == "phased"))
     with get_context("fork").Pool(workers) as pool:
         for i, result in enumerate(pool.imap_unordered(_unit, todo), 1):
             rows += result

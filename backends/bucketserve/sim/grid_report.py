@@ -86,9 +86,19 @@ def full(g: dict, w: str) -> list[str]:
     return lines
 
 
+def ran(g: dict) -> list[str]:
+    """Workloads with at least one finished sweep."""
+    return [w for w in WORKLOADS if any(k[1] == w for k in g)]
+
+
+def missing(g: dict, w: str) -> list[str]:
+    """Systems with no finished sweep on workload w (an interrupted run)."""
+    return [s.label for s in SYSTEMS if not any(k[0] == s.label and k[1] == w for k in g)]
+
+
 def verdict(g: dict) -> list[str]:
     winners: dict[str, int] = {}
-    for w in WORKLOADS:
+    for w in ran(g):
         for cell in cells():
             label, v = best(g, w, cell)
             if not math.isnan(v):
@@ -122,8 +132,12 @@ def document(rows: list[dict], wall_s: float | None) -> str:
            "req/s for 4 A100-40GB GPUs; TP2 instances hold 3,912 KV blocks (963 at TP1) and "
            "step faster per the roofline with two all-reduces per layer.", ""]  # fmt: skip
     out += verdict(g) + [""]
-    for w in WORKLOADS:
+    for w in ran(g):
         out += [f"#### {w.capitalize()}", ""] + summary(g, w) + [""]
+        if gone := missing(g, w):
+            out += [f"Not run on {w} in this pass (an interrupted run): {', '.join(gone)}.", ""]
+    if skipped := [w for w in WORKLOADS if w not in ran(g)]:
+        out += [f"Not run in this pass: {', '.join(skipped)}.", ""]
     out += ["Every system in every cell (goodput@90, req/s): "
             "`perf/results/sim/grid/tables.md`.", ""]  # fmt: skip
     return "\n".join(out)
@@ -133,7 +147,7 @@ def render(rows: list[dict], out: Path, doc: Path | None, wall_s: float | None) 
     body = document(rows, wall_s)
     g = goodputs(rows)
     detail = [body, "### Every system, every cell", ""]
-    for w in WORKLOADS:
+    for w in ran(g):
         detail += [f"#### {w.capitalize()}", ""] + full(g, w) + [""]
     (out / "tables.md").write_text("\n".join(detail))
     if doc is not None:
