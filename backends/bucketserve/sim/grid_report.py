@@ -107,7 +107,7 @@ def verdict(g: dict) -> list[str]:
     ranked = ", ".join(f"{k} {v}" for k, v in sorted(winners.items(), key=lambda kv: -kv[1]))
     if len(winners) == 1:
         return [f"**Kill test: one static configuration, {next(iter(winners))}, wins all "
-                f"{total} cells.**"]  # fmt: skip
+                f"{total} cells that ran.**"]  # fmt: skip
     return [
         f"Cells won (of {total}): {ranked}. No single static configuration wins every "
         "cell, so the kill test does not rule out per-cell (adaptive) configuration."
