@@ -2,7 +2,7 @@
 
 Same scheduler code as the server (policy bucketserve, scheduling/placement.py), Llama-2-13B
 on A100-40GB roofline latency, Mixed workload, several seeds (common random numbers: every
-configuration sees the same request lists). Prints a Markdown table of mean ± std over seeds.
+configuration sees the same request lists). Prints a Markdown table of mean ± 95 % CI (Student t) over seeds.
 
     nice -n 10 .venv/bin/python perf/sim/placement_sim.py --seeds 0,1,2 --rates 2,4
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 from dataclasses import replace
 
@@ -21,6 +20,7 @@ from bucketserve.sim.hardware import GPUS, MODELS
 from bucketserve.sim.latency import RooflineLatency
 from bucketserve.sim.metrics import summarize
 from bucketserve.sim.simulator import Simulator
+from bucketserve.sim.stats import mean_ci
 from bucketserve.sim.workload import WorkloadSpec, make_requests
 
 TOPOLOGIES = {"1P1D": (1, 1), "1P2D": (1, 2), "2P2D": (2, 2)}
@@ -45,8 +45,8 @@ def cell(values: list[float], column: str) -> str:
     values = [float(v) for v in values]
     if not all(math.isfinite(v) for v in values):
         return f"n/a ({sum(not math.isfinite(v) for v in values)} runs without a value)"
-    mean = statistics.fmean(values)
-    spread = statistics.pstdev(values) if len(values) > 1 else 0.0
+    mean, spread = mean_ci(values)
+    spread = 0.0 if math.isnan(spread) else spread
     if column == "attainment":
         return f"{100 * mean:.1f} ± {100 * spread:.1f} %"
     if column in ("p90_ttft_s", "p90_tpot_s"):

@@ -16,8 +16,8 @@ One small API, shared by the server's scheduler and the simulator:
   in its ledger, adding a request's load when it places it and removing it when it finishes.
 
 Policies: "maxmin" (default) puts the batch where the predicted load is smallest, which is the
-choice that minimises the largest load after placement (the max–min objective of SCLS,
-arXiv 2404.02015 §4.3); "least_loaded" takes the fewest requests; "round_robin" cycles
+choice that minimises the largest load after placement (the max–min objective of SCLS's
+offloader, arXiv 2406.13511); "least_loaded" takes the fewest requests; "round_robin" cycles
 through instance ids. Ties go to the most headroom, then the lowest id.
 """
 

@@ -9,8 +9,9 @@ from bucketserve.sim.hardware import GpuSpec, ModelSpec, kv_pool_blocks
 
 # pd: prefill instances hand KV to decode instances; aggregated: vLLM-like, a prefill
 # iteration pauses decode; chunked: Sarathi-style hybrid iterations under a token budget;
-# bullet: prefill and decode run concurrently on one GPU's SMs; scls: slice-level batches
-TOPOLOGIES = ("auto", "pd", "aggregated", "chunked", "bullet", "scls")
+# bullet: prefill and decode run concurrently on one GPU's SMs; scls: slice-level batches;
+# hybrid: chunked instances with their own budgets (chunk_budgets; 0 = decode-only)
+TOPOLOGIES = ("auto", "pd", "aggregated", "chunked", "bullet", "scls", "hybrid")
 _AUTO = {"static": "static", "fcfs": "aggregated", "bullet": "bullet", "scls": "scls"}
 # DistServe checks only its prefill pool at admission (the server's distserve does not, as
 # its decode side fails hand-offs that wait too long for blocks)
@@ -33,10 +34,23 @@ class ClusterSpec:
     topology: str = "auto"
     gpus_per_instance: int = 1
     chunk_tokens: int = 512  # chunked: Sarathi's per-iteration token budget
+    bullet_tpot_share: float = 0.5  # bullet: decode's SMs meet this share of the TPOT SLO
+    chunk_budgets: tuple[int, ...] = ()  # hybrid: one per instance (() = chunk_tokens each)
 
     def __post_init__(self) -> None:
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"topology must be one of {TOPOLOGIES}, got {self.topology!r}")
+        if self.chunk_budgets and (
+            len(self.chunk_budgets) != self.num_aggregated
+            or min(self.chunk_budgets) < 0
+            or max(self.chunk_budgets) < 1
+        ):
+            raise ValueError(
+                f"chunk_budgets must hold num_aggregated={self.num_aggregated} "
+                f"budgets >= 0, one > 0, got {self.chunk_budgets}"
+            )
+        if not 0 < self.bullet_tpot_share <= 1:
+            raise ValueError(f"bullet_tpot_share must be in (0, 1], got {self.bullet_tpot_share}")
         for name in (
             "kv_blocks",
             "kv_bytes_per_token",

@@ -2,48 +2,38 @@
 its own share of the SMs, over one shared KV pool (no hand-off).
 
 SLO-aware partitioning (Bullet's Algorithm 1, step 4, simplified): while a prefill runs,
-decode gets the fewest SMs whose step still meets `tpot_share` x its TPOT SLO; prefill gets
+decode gets the fewest SMs whose step still meets `bullet_tpot_share` (0.5) x its TPOT SLO; prefill gets
 the rest, fixed for the batch (Bullet re-decides between layer groups; we decide per batch).
 With no prefill running decode gets every SM, and with no decode prefill does. The queue
 order and batch rule are the "bullet" policy's (scheduling/orderings.py).
+
+The prefill stream is the simulator's own (it takes its prompt blocks from the GPU's pool
+while it runs); the decodes go through the engine Scheduler, which admits each prefilled
+sequence with its KV already computed, grows, preempts (recompute, on the decode SMs) and
+stops them.
 """
 
 from __future__ import annotations
 
+from bucketserve.engine.scheduler import ScheduledStep
 from bucketserve.scheduling import ClusterView, PrefillBatch
-from bucketserve.scheduling.memory import blocks_for
-from bucketserve.sim.decode_worker import DecodeWorker, Seq
+from bucketserve.sim.instance import SimInstance, step_context
 from bucketserve.sim.sm_latency import SmPartitionLatency
 from bucketserve.sim.workload import SimRequest
 
 
-class _DecodeShare:
-    """The latency the DecodeWorker sees: SRM on the SMs its GPU's partition gives decode."""
-
-    def __init__(self, gpu: BulletGpu) -> None:
-        self.gpu = gpu
-
-    def decode_time(self, batch: int, context_tokens: int) -> float:
-        g = self.gpu
-        return g.srm.decode_time(batch, context_tokens, g.decode_sms(batch, context_tokens),
-                                 corun=g.prefill_busy)  # fmt: skip
-
-    def prefill_time(self, lengths, padded: bool = False) -> float:  # recompute after preemption
-        return self.gpu.srm.prefill_time(lengths, padded, self.gpu.decode_sms(1, 0), corun=True)
-
-    def handoff_time(self, tokens: int) -> float:
-        return 0.0
-
-
 class BulletGpu:
-    """One GPU: a decode worker and a prefill stream sharing SMs and the KV pool."""
+    """One GPU: a Scheduler-driven decode instance and a prefill stream sharing SMs and KV."""
 
     def __init__(self, name: str, cluster, srm: SmPartitionLatency, tpot_target_s: float):
         self.srm, self.tpot_target_s = srm, tpot_target_s
         self.prefill_busy = False
         self.prefill_busy_s = 0.0
-        self.w = DecodeWorker(name, "mixed", cluster.kv_blocks, cluster.block_size,
-                              cluster.max_num_seqs, _DecodeShare(self), cluster.kv_bytes_per_token)  # fmt: skip
+        self.w = SimInstance(name, "mixed", cluster)
+
+    def _decode_load(self) -> tuple[int, int]:
+        decodes = [s for s in self.w.running if s.num_uncomputed_tokens == 1]
+        return len(decodes), sum(s.num_computed_tokens for s in decodes)
 
     def decode_sms(self, batch: int, context_tokens: int) -> int:
         if not self.prefill_busy:
@@ -51,23 +41,34 @@ class BulletGpu:
         return self.srm.min_decode_sms(batch, context_tokens, self.tpot_target_s)
 
     def prefill_sms(self) -> int:
-        ready = [s for s in self.w.running if not s.recompute]
-        if not ready:
+        batch, context = self._decode_load()
+        if not batch:
             return self.srm.gpu.sms
-        need = self.srm.min_decode_sms(
-            len(ready), sum(s.context for s in ready), self.tpot_target_s
-        )
+        need = self.srm.min_decode_sms(batch, context, self.tpot_target_s)
         return max(self.srm.gpu.sms - need, 2)
+
+    def step_time(self, step: ScheduledStep) -> float:
+        """A decode step on decode's SMs, plus any recompute chunks (after a preemption) run
+        there as a prefill."""
+        n, context = len(step.decodes), step_context(step)
+        t = 0.0
+        if n:
+            t = self.srm.decode_time(n, context, self.decode_sms(n, context),
+                                     corun=self.prefill_busy)  # fmt: skip
+        if step.chunks:
+            lengths = [c.num_tokens for c in step.chunks]
+            t += self.srm.prefill_time(lengths, False, self.decode_sms(1, 0), corun=True)
+        return t
 
 
 class BulletEngine:
     """Event handlers of the colocated SM-sharing deployment, driven by the Simulator."""
 
-    def __init__(self, sim, tpot_share: float = 0.5) -> None:
+    def __init__(self, sim) -> None:
         self.sim = sim
         c = sim.cluster
         srm = SmPartitionLatency(sim.latency)
-        target = tpot_share * min(r.meta.tpot_slo_s for r in sim.requests)
+        target = c.bullet_tpot_share * min(r.meta.tpot_slo_s for r in sim.requests)
         self.gpus = [BulletGpu(f"gpu{i}", c, srm, target) for i in range(c.num_aggregated)]
         self.workers = [g.w for g in self.gpus]
 
@@ -89,25 +90,25 @@ class BulletEngine:
         lengths = [r.meta.prompt_len for r in reqs]
         sms, corun = g.prefill_sms(), bool(g.w.running)
         t = g.srm.prefill_time(lengths, sim.cluster.padded_prefill, sms, corun)
-        for length in lengths:
-            g.w.free_blocks -= blocks_for(length, g.w.block_size)
+        blocks = g.w.blocks
+        held = blocks.allocate(sum(blocks.blocks_needed(n) for n in lengths))
         g.prefill_busy = True
         g.prefill_busy_s += t
-        sim.push(sim.now + t, self._prefill_done, g, batch, reqs, t)
+        sim.push(sim.now + t, self._prefill_done, g, batch, reqs, t, held)
 
-    def _prefill_done(self, g: BulletGpu, batch: PrefillBatch, reqs: list[SimRequest], t: float):
+    def _prefill_done(self, g: BulletGpu, batch: PrefillBatch, reqs: list[SimRequest],
+                      t: float, held: list[int]) -> None:  # fmt: skip
         sim = self.sim
         g.prefill_busy = False
         sim.sched.on_batch_done(batch, t)
+        g.w.blocks.free(held)  # the prompts' KV now belongs to their decode sequences
         for r in reqs:
             r.record_token(sim.now)
-            blocks = blocks_for(r.meta.prompt_len, g.w.block_size)
             if r.output_len <= 1:
                 r.finish_s = sim.now
-                g.w.free_blocks += blocks
                 sim._finished(r)
             else:
-                g.w.running.append(Seq(r, r.meta.prompt_len, 1, blocks=blocks))
+                g.w.add_prefilled(r)
         self._try_decode(g)
         self._try_prefill(g)
 
@@ -115,16 +116,16 @@ class BulletEngine:
         sim = self.sim
         if g.w.busy:
             return
-        g.w.admit(sim.now)  # re-admits preempted sequences
-        t = g.w.start_step(sim.now)
-        if t is not None:
-            sim._note_step(g.w)
-            sim.push(sim.now + t, self._step_done, g)
+        step = g.w.schedule(sim.now)
+        if step.is_empty:
+            return
+        t = g.step_time(step)
+        g.w.start(t)
+        sim.push(sim.now + t, self._step_done, g, step)
 
-    def _step_done(self, g: BulletGpu) -> None:
+    def _step_done(self, g: BulletGpu, step: ScheduledStep) -> None:
         sim = self.sim
-        sim._tokens_out(g.w)
-        for seq in g.w.finish_step(sim.now):
-            sim._finished(seq.req)
+        for req in g.w.finish(step, sim.now):
+            sim._finished(req)
         self._try_decode(g)
         self._try_prefill(g)

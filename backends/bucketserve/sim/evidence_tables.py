@@ -74,7 +74,8 @@ def _verdict(r: list[float], claim: float, reason: str) -> str:
     hi = m if math.isnan(h) else m + h
     if hi >= claim:
         return "**reproduced**"
-    return f"**refuted**: {reason}"
+    # simulator errors up to 62 % and algorithm details from secondary notes: not "refuted"
+    return f"**not reproduced on a shared simulated engine**: {reason}"
 
 
 def claims(g: dict, offline: list[dict], rows: list[dict]) -> list[str]:
@@ -91,12 +92,15 @@ def claims(g: dict, offline: list[dict], rows: list[dict]) -> list[str]:
         items.append((f"load at 80 % vs DistServe, {w} (searched: {best})", claim,
                       ratios(g, "bucketserve 2P2D", best, w, 0.8),
                       ratios(g, "bucketserve 2P2D", same, w, 0.8),
-                      "below the claim on the same simulated engine (see Interpretation)"))  # fmt: skip
+                      "mostly our decode-headroom admission (not in the paper) against "
+                      "DistServe's prefill-only one; with the same admission (padded table: "
+                      "fcfs-pad vs bucketserve) the ratio is ≈ 1.0"))  # fmt: skip
     best = best_placement(g, "mixed")
     items.append(("capacity vs DistServe, Mixed", 1.4,
                   ratios(g, "bucketserve 2P2D", best, "mixed", "capacity"),
                   ratios(g, "bucketserve 2P2D", same, "mixed", "capacity"),
-                  "capacity is decode-KV-bound on both"))  # fmt: skip
+                  "both are decode-KV-bound, and our decode-headroom admission (not in the "
+                  "paper) admits less than DistServe's prefill-only one"))  # fmt: skip
     lines = ["| claim | paper | vs DistServe, searched placement | vs DistServe 2P2D | verdict |",
              "|---|---|---|---|---|"]  # fmt: skip
     for name, claim, r, r_same, reason in items:
@@ -117,7 +121,7 @@ def _overhead(rows: list[dict]) -> str:
     if not share:
         return "| bucketing overhead | < 1 % | not measured | — | — |"
     med, p95 = share[len(share) // 2], share[int(0.95 * (len(share) - 1))]
-    verdict = "**reproduced**" if med < 0.01 else "**refuted**"
+    verdict = "**reproduced**" if med < 0.01 else "**not reproduced**"
     return (
         f"| bucketing overhead | < 1 % | median {100 * med:.3f} %, p95 {100 * p95:.2f} %, max "
         f"{100 * share[-1]:.2f} % of GPU time over {len(share)} runs | — | {verdict} (median; the "

@@ -32,10 +32,18 @@ class Efficiency:
     prefill_overhead_s: float = 5e-3
     decode_overhead_s: float = 4e-3
     handoff_overhead_s: float = 1e-3
+    allreduce_latency_s: float = 10e-6  # per tensor-parallel all-reduce (NCCL, NVLink)
 
 
 class RooflineLatency:
-    """Roofline times for one instance of `tp` GPUs (tensor parallel, no comm term)."""
+    """Roofline times for one instance of `tp` GPUs.
+
+    Tensor parallelism (Megatron-style) splits FLOPs, weight bytes and KV bytes evenly over
+    the tp GPUs, so compute and bandwidth terms divide by tp; it adds two all-reduces per
+    layer of tokens x hidden activations (ring: 2 (tp - 1) / tp of the bytes over the link,
+    plus allreduce_latency_s each), serialized with the step. A hand-off from a TP instance
+    moves each GPU's shard in parallel (tp links).
+    """
 
     def __init__(
         self, model: ModelSpec, gpu: GpuSpec, tp: int = 1, eff: Efficiency | None = None
@@ -61,10 +69,20 @@ class RooflineLatency:
         compute = flops / (self.tp * self.gpu.flops * compute_eff)
         return max(compute, nbytes / (self.tp * self.gpu.bandwidth * self.eff.bandwidth))
 
+    def comm_time(self, tokens: int) -> float:
+        """Tensor-parallel all-reduces of one forward pass over `tokens` tokens (0 at tp=1)."""
+        if self.tp == 1:
+            return 0.0
+        m = self.model
+        ring = 2.0 * (self.tp - 1) / self.tp * tokens * m.hidden * m.dtype_bytes
+        return 2 * m.layers * (ring / self.gpu.link_bandwidth + self.eff.allreduce_latency_s)
+
     def prefill_time(self, lengths: Sequence[int], padded: bool = False) -> float:
         e = self.eff
+        tokens = max(lengths) * len(lengths) if padded else sum(lengths)
         return (
             self._time(*self.prefill_work(lengths, padded), e.prefill_compute)
+            + self.comm_time(tokens)
             + e.prefill_overhead_s
         )
 
@@ -72,6 +90,7 @@ class RooflineLatency:
         e = self.eff
         return (
             self._time(*self.decode_work(batch, context_tokens), e.decode_compute)
+            + self.comm_time(batch)
             + e.decode_overhead_s
         )
 
@@ -90,11 +109,12 @@ class RooflineLatency:
             )
             nbytes += (prefix + tokens) * m.kv_bytes_per_token
         compute_eff = e.prefill_compute if chunks else e.decode_compute
-        return self._time(flops, nbytes, compute_eff) + e.decode_overhead_s
+        tokens = batch + sum(t for t, _ in chunks)
+        return self._time(flops, nbytes, compute_eff) + self.comm_time(tokens) + e.decode_overhead_s
 
     def handoff_time(self, tokens: int) -> float:
         return (
-            tokens * self.model.kv_bytes_per_token / self.gpu.link_bandwidth
+            tokens * self.model.kv_bytes_per_token / (self.tp * self.gpu.link_bandwidth)
             + self.eff.handoff_overhead_s
         )
 

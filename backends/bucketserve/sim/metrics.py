@@ -67,7 +67,7 @@ class RunMetrics:
     attainment_tail: float = math.nan  # TTFT and p90 per-request TBT (meets_tail_slo)
     slow_token_share: float = math.nan  # gaps between tokens longer than the TPOT SLO
     max_gap_s: float = math.nan  # longest stall between two tokens of any request
-    growing: bool = False  # steady.detect: the backlog grew over the second half
+    growing: bool = False  # steady.detect failed it: the backlog grew, or the last third collapsed
     backlog_slope: float = 0.0
     final_backlog: int = 0
     late_attainment: float = math.nan  # requests arriving in the last third
@@ -144,7 +144,8 @@ def _add_tail_and_steady(m: RunMetrics, reqs: list[SimRequest]) -> None:
     m.slow_token_share = sum(r.num_slow_gaps for r in reqs) / gaps if gaps else math.nan
     m.max_gap_s = max((r.max_gap_s for r in reqs), default=math.nan)
     st = detect(reqs, meets_slo)
-    m.growing, m.backlog_slope, m.final_backlog = st.growing, st.slope_rps, st.final_backlog
+    m.growing = not st.steady  # the backlog grew or the last third collapsed
+    m.backlog_slope, m.final_backlog = st.slope_rps, st.final_backlog
     m.late_attainment = st.late_attainment
     m.late_attainment_tail = detect(reqs, lambda r: tail_ok[id(r)]).late_attainment
 

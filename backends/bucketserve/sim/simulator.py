@@ -12,18 +12,21 @@ import heapq
 import itertools
 from time import perf_counter
 
+from bucketserve.engine.scheduler import ScheduledStep
 from bucketserve.scheduling import ClusterView, PrefillBatch, SchedulerConfig, make_scheduler
-from bucketserve.sim.chunked import ChunkedEngine
+from bucketserve.sim.chunked import AggregatedEngine, ChunkedEngine
 from bucketserve.sim.cluster import ClusterSpec
 from bucketserve.sim.colocated import BulletEngine
-from bucketserve.sim.decode_worker import DecodeWorker, Seq
+from bucketserve.sim.hybrid import HybridEngine
+from bucketserve.sim.instance import SimInstance, unfused_time
 from bucketserve.sim.outcome import SimOutcome
 from bucketserve.sim.scls import SclsEngine
 from bucketserve.sim.workers import PrefillWorker, StaticWorker
 from bucketserve.sim.workload import SimRequest
 
 MAX_EVENTS = 20_000_000
-ENGINES = {"bullet": BulletEngine, "chunked": ChunkedEngine, "scls": SclsEngine}
+ENGINES = {"aggregated": AggregatedEngine, "bullet": BulletEngine, "chunked": ChunkedEngine,
+           "hybrid": HybridEngine, "scls": SclsEngine}  # fmt: skip
 
 
 class Simulator:
@@ -48,43 +51,25 @@ class Simulator:
         self.out = SimOutcome(policy, self.mode, self.requests, num_gpus=cluster.num_gpus(policy))
         self._heap: list = []
         self._tie = itertools.count()
-        self._stepped: dict[str, list[SimRequest]] = {}
         self._build_workers()
         self.engine = ENGINES[self.mode](self) if self.mode in ENGINES else None
 
     def _build_workers(self) -> None:
         c, lat = self.cluster, self.latency
         args = (c.kv_blocks, c.block_size)
-        self.prefill = (
-            [
-                PrefillWorker(f"prefill{i}", *args, lat, c.kv_bytes_per_token, c.padded_prefill)
-                for i in range(c.num_prefill)
-            ]
-            if self.mode == "pd"
-            else []
-        )
-        if self.mode == "pd":
-            self.decode = [
-                DecodeWorker(
-                    f"decode{i}", "decode", *args, c.max_num_seqs, lat, c.kv_bytes_per_token
-                )
-                for i in range(c.num_decode)
-            ]
-        elif self.mode == "aggregated":
-            self.decode = [
-                DecodeWorker(f"gpu{i}", "mixed", *args, c.max_num_seqs, lat, c.kv_bytes_per_token)
-                for i in range(c.num_aggregated)
-            ]
-        else:
-            self.decode = []
-        self.static = (
-            [
-                StaticWorker(f"gpu{i}", *args, lat, c.kv_bytes_per_token)
-                for i in range(c.num_aggregated)
-            ]
-            if self.mode == "static"
-            else []
-        )
+        pd, static = self.mode == "pd", self.mode == "static"
+        self.prefill = [
+            PrefillWorker(f"prefill{i}", *args, lat, c.kv_bytes_per_token, c.padded_prefill)
+            for i in range(c.num_prefill if pd else 0)
+        ]
+        self.decode = [
+            SimInstance(f"decode{i}", "decode", c, handoff_time=lat.handoff_time)
+            for i in range(c.num_decode if pd else 0)
+        ]
+        self.static = [
+            StaticWorker(f"gpu{i}", *args, lat, c.kv_bytes_per_token)
+            for i in range(c.num_aggregated if static else 0)
+        ]
         self._workers = {w.instance_id: w for w in (*self.prefill, *self.decode, *self.static)}
 
     # ---- event loop ---------------------------------------------------------------------
@@ -132,9 +117,6 @@ class Simulator:
             self.engine.on_arrival()
         elif self.mode == "pd":
             self._dispatch()
-        elif self.mode == "aggregated":
-            for w in self.decode:
-                self._agg_iterate(w)
         else:
             for w in self.static:
                 self._static_try(w)
@@ -169,73 +151,30 @@ class Simulator:
                 worker.release(meta.prompt_len)
                 self._finished(req)
             else:
-                decode.enqueue(Seq(req, meta.prompt_len, 1, source=worker))
+                decode.add_prefilled(req, source=worker)
         self._kick(decode)
         self._dispatch()
 
-    def _kick(self, decode: DecodeWorker) -> bool:
-        """Admit hand-offs and start the next step if idle; True if anything was admitted."""
+    def _kick(self, decode: SimInstance) -> bool:
+        """Schedule the next step if idle (the Scheduler admits hand-offs; their KV pull
+        starts then); True if anything was admitted."""
         if decode.busy:
             return False
-        admitted = decode.admit(self.now)
-        for seq in admitted:
-            if seq.source is not None:
-                seq.source.release(seq.req.meta.prompt_len)
-                seq.source = None
-        t = decode.start_step(self.now)
-        if t is not None:
-            self._note_step(decode)
-            self.push(self.now + t, self._step_done, decode)
-        elif (ready := decode.next_ready_s()) is not None and ready > self.now:
+        step = decode.schedule(self.now)
+        if not step.is_empty:
+            t = unfused_time(self.latency, step)
+            decode.start(t)
+            self.push(self.now + t, self._step_done, decode, step)
+        elif (ready := decode.next_ready_s()) is not None:
             self.push(ready, self._kick, decode)
-        return bool(admitted)
+        return bool(step.admitted)
 
-    def _note_step(self, decode: DecodeWorker) -> None:
-        """Remember who is in the step just started (the ready sequences) for token times."""
-        self._stepped[decode.instance_id] = [s.req for s in decode.running if s.ready_s <= self.now]
-
-    def _tokens_out(self, decode: DecodeWorker) -> None:
-        for req in self._stepped.pop(decode.instance_id, ()):
-            req.record_token(self.now)
-
-    def _step_done(self, decode: DecodeWorker) -> None:
-        self._tokens_out(decode)
-        done = decode.finish_step(self.now)
-        for seq in done:
-            self._finished(seq.req)
+    def _step_done(self, decode: SimInstance, step: ScheduledStep) -> None:
+        done = decode.finish(step, self.now)
+        for req in done:
+            self._finished(req)
         if self._kick(decode) or done:  # memory moved: the scheduler may admit more now
             self._dispatch()
-
-    # ---- aggregated continuous batching (vLLM-like) ------------------------------------
-    def _agg_iterate(self, w: DecodeWorker) -> None:
-        if w.busy:
-            return
-        if self.sched.num_waiting:
-            batch = self._decide(ClusterView([w.stats()], [w.stats()]))
-            if batch is not None:
-                reqs = [self.by_id[m.request_id] for m in batch.requests]
-                t = w.start_prefill(reqs, self.cluster.padded_prefill, self.now)
-                self.push(self.now + t, self._agg_prefill_done, w, batch, t)
-                return
-        w.admit(self.now)
-        t = w.start_step(self.now)
-        if t is not None:
-            self._note_step(w)
-            self.push(self.now + t, self._agg_step_done, w)
-
-    def _agg_prefill_done(self, w: DecodeWorker, batch: PrefillBatch, seconds: float) -> None:
-        for meta in batch.requests:
-            self.by_id[meta.request_id].record_token(self.now)
-        for seq in w.finish_prefill(self.now):
-            self._finished(seq.req)
-        self.sched.on_batch_done(batch, seconds)
-        self._agg_iterate(w)
-
-    def _agg_step_done(self, w: DecodeWorker) -> None:
-        self._tokens_out(w)
-        for seq in w.finish_step(self.now):
-            self._finished(seq.req)
-        self._agg_iterate(w)
 
     # ---- static batches (HF / UELLM-like) ----------------------------------------------
     def _static_try(self, w: StaticWorker) -> None:

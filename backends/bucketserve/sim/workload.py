@@ -30,9 +30,13 @@ from bucketserve.bench.workloads import (
     LONGBENCH_OUTPUT,
     LONGBENCH_PROMPT,
 )
-from bucketserve.scheduling import RequestMeta
+from bucketserve.scheduling import DEFAULT_SLOS, RequestMeta
 
-WORKLOADS = ("alpaca", "longbench", "mixed")
+WORKLOADS = ("alpaca", "longbench", "mixed", "phased")
+# phased: the mix switches every PHASE_S seconds between a long-heavy phase (this share of
+# LongBench-like requests) and an Alpaca-only one; the mean share is Mixed's 0.1 x 1.25
+PHASE_S = 120.0
+PHASE_LONG_SHARES = (0.25, 0.0)
 ARRIVALS = ("poisson", "gamma")
 
 
@@ -51,6 +55,8 @@ class WorkloadSpec:
     slo_class: str = "online"
     seed: int = 0
     offline_fraction: float = 0.0  # > 0: this share of requests is offline, the rest online
+    ttft_scale: float = 1.0  # x the class's default TTFT SLO (the SLO grid's TTFT axis)
+    tpot_s: float | None = None  # TPOT SLO (None: the class's default)
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOADS:
@@ -62,6 +68,9 @@ class WorkloadSpec:
         for name in ("long_fraction", "offline_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.ttft_scale <= 0 or (self.tpot_s is not None and self.tpot_s <= 0):
+            raise ValueError(f"ttft_scale and tpot_s must be > 0, got {self.ttft_scale}, "
+                             f"{self.tpot_s}")  # fmt: skip
         if self.max_tokens >= self.max_model_len:
             raise ValueError(f"max_tokens must be < max_model_len={self.max_model_len}")
 
@@ -119,29 +128,37 @@ def arrival_times(
     return np.cumsum(gaps) - gaps[0]
 
 
-def _lengths(
-    spec: WorkloadSpec, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def long_share(spec: WorkloadSpec, times: np.ndarray) -> np.ndarray | float:
+    """Probability that each request (by arrival time) is LongBench-like."""
+    if spec.name == "phased":
+        phase = (times // PHASE_S).astype(int) % len(PHASE_LONG_SHARES)
+        return np.asarray(PHASE_LONG_SHARES)[phase]
+    return {"alpaca": 0.0, "longbench": 1.0, "mixed": spec.long_fraction}[spec.name]
+
+
+def _lengths(spec: WorkloadSpec, rng: np.random.Generator):
+    """Both length draws for every request (so the seed's stream does not depend on the mix),
+    the arrival times, and which requests are long."""
     n = spec.num_requests
-    share = {"alpaca": 0.0, "longbench": 1.0, "mixed": spec.long_fraction}[spec.name]
-    is_long = rng.random(n) < share
-    prompt = np.where(is_long, LONGBENCH_PROMPT.draw(rng, n), ALPACA_PROMPT.draw(rng, n))
-    out = np.where(is_long, LONGBENCH_OUTPUT.draw(rng, n), ALPACA_OUTPUT.draw(rng, n))
-    prompt = np.clip(np.rint(prompt), 1, spec.prompt_cap).astype(int)
-    out = np.clip(np.rint(out), 2, spec.max_tokens).astype(int)
-    return prompt, out, is_long
+    u = rng.random(n)
+    long_prompt, short_prompt = LONGBENCH_PROMPT.draw(rng, n), ALPACA_PROMPT.draw(rng, n)
+    long_out, short_out = LONGBENCH_OUTPUT.draw(rng, n), ALPACA_OUTPUT.draw(rng, n)
+    times = arrival_times(rng, n, spec.rate, spec.arrival, spec.cv)
+    is_long = u < long_share(spec, times)
+    prompt = np.clip(np.rint(np.where(is_long, long_prompt, short_prompt)), 1, spec.prompt_cap)
+    out = np.clip(np.rint(np.where(is_long, long_out, short_out)), 2, spec.max_tokens)
+    return prompt.astype(int), out.astype(int), is_long, times
 
 
 def make_requests(spec: WorkloadSpec) -> list[SimRequest]:
     """The request list for one run (deterministic for spec.seed)."""
     rng = np.random.default_rng(spec.seed)
-    prompt, out, is_long = _lengths(spec, rng)
-    times = arrival_times(rng, spec.num_requests, spec.rate, spec.arrival, spec.cv)
+    prompt, out, is_long, times = _lengths(spec, rng)
     classes = [spec.slo_class] * spec.num_requests
     if spec.offline_fraction > 0:
         draws = np.random.default_rng([spec.seed, 1]).random(spec.num_requests)
         classes = ["offline" if d < spec.offline_fraction else "online" for d in draws]
-    reqs = []
+    reqs, ttft_scale = [], spec.ttft_scale
     for i in range(spec.num_requests):
         meta = RequestMeta(
             request_id=f"r{i}",
@@ -149,6 +166,8 @@ def make_requests(spec: WorkloadSpec) -> list[SimRequest]:
             max_tokens=spec.max_tokens,
             arrival_s=float(times[i]),
             slo_class=classes[i],
+            ttft_slo_s=ttft_scale * DEFAULT_SLOS[classes[i]].ttft_for(int(prompt[i])),
+            tpot_slo_s=spec.tpot_s or DEFAULT_SLOS[classes[i]].tpot_s,
             task_type="summarization" if is_long[i] else "chat",
         )
         reqs.append(SimRequest(meta, int(out[i])))

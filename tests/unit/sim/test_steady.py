@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from bucketserve.scheduling import RequestMeta
 from bucketserve.sim.stats import mean_ci
@@ -29,6 +30,45 @@ def test_overload_is_flagged_and_underload_is_not():
     assert grow.final_backlog > 50
     calm = detect(fifo(10.0, 12.0), lambda r: True)
     assert not calm.growing and calm.final_backlog <= 1
+
+
+def review_case() -> list[SimRequest]:
+    """Turn 3's missed overload: 6 req/s for 600 s, served ~5.53 req/s, a backlog of 286 at
+    the last arrival after a second-half slope of 0.295 req/s, 0 % attainment in the last
+    third. The backlog grows 0 -> 197.5 over the first half and 197.5 -> 286 over the second;
+    requests finish in order at the rate that leaves exactly that backlog."""
+    rate, span = 6.0, 600.0
+    times = np.linspace(0.0, span, 4001)
+    backlog = np.interp(times, [0.0, 300.0, span], [0.0, 197.5, 286.0])
+    finished = rate * times - backlog  # increasing: finishes by time t
+    reqs = []
+    for i in range(int(rate * span)):
+        arrival = i / rate
+        finish = (
+            float(np.interp(i + 1, finished, times))
+            if i + 1 <= finished[-1]
+            else (span + (i + 1 - finished[-1]) / 5.53)
+        )
+        r = SimRequest(RequestMeta(f"r{i}", 10, 4, arrival), 4)
+        r.first_token_s, r.finish_s = arrival + 0.01, max(finish, arrival + 0.02)
+        reqs.append(r)
+    return reqs
+
+
+def test_the_review_overload_fails_the_detector():
+    reqs = review_case()
+    st = detect(reqs, lambda r: r.meta.arrival_s < 400.0)
+    assert st.final_backlog == pytest.approx(286, abs=2)
+    assert st.slope_rps == pytest.approx(0.295, abs=0.01)
+    assert st.slope_rps < 0.05 * 6.0  # why turn 3's slope test alone passed it
+    assert st.late_attainment == 0.0
+    assert st.growing and st.collapsed and not st.steady
+
+
+def test_a_collapsed_end_fails_even_without_a_backlog():
+    reqs = fifo(10.0, 12.0)
+    st = detect(reqs, lambda r: r.meta.arrival_s < 40.0)
+    assert not st.growing and st.collapsed and not st.steady
 
 
 def test_slight_overload_within_tolerance_is_not_flagged():
