@@ -55,6 +55,7 @@ class PrefillWorker:
     def run(self, ids: np.ndarray, seq_lens: np.ndarray, rows: list) -> PrefillReply:
         """Prefill one packed batch; `rows` are the sequences' SamplingParams."""
         start = time.perf_counter()
+        self.runner.sampler.prefetch(rows)  # guides compile while the batch's prompts run
         self.reclaim()
         seqs, offset = [], 0
         for n, row in zip(seq_lens.tolist(), rows, strict=True):
