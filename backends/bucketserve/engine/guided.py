@@ -71,7 +71,11 @@ def choice_ebnf(guide: str) -> str:
         choices = json.loads(guide)
     except json.JSONDecodeError as e:
         raise ValueError(f"is not a JSON list: {e}") from None
-    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+    if (
+        not isinstance(choices, list)
+        or not choices
+        or not all(isinstance(c, str) and c for c in choices)
+    ):
         raise ValueError(f"must be a non-empty list of non-empty strings, got {guide!r}")
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 

@@ -73,7 +73,9 @@ class GuidedMasks:
             self._batch = xgr.BatchGrammarMatcher(MATCHER_THREADS)
         self._batch.batch_fill_next_token_bitmask(matchers, bitmask, idx)
         logits = logits.clone()  # the caller keeps the model's logits for log-probs
-        mask = bitmask if logits.device.type == "cpu" else bitmask.to(logits.device, non_blocking=True)
+        mask = (
+            bitmask if logits.device.type == "cpu" else bitmask.to(logits.device, non_blocking=True)
+        )
         xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=logits.shape[1], indices=idx)
         return logits
 

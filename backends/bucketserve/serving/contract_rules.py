@@ -137,7 +137,9 @@ def _guide_text(name: str, guide_type: str, value) -> str:
 
 
 def _shape_hint(guide_type: str) -> str:
-    return {"json": " or a JSON schema object", "choice": " or a list of strings"}.get(guide_type, "")
+    return {"json": " or a JSON schema object", "choice": " or a list of strings"}.get(
+        guide_type, ""
+    )
 
 
 def trtllm_guide(values: dict) -> dict:

@@ -18,8 +18,11 @@ SCHEMA = {
     "properties": {
         "ok": {"type": "boolean"},
         "color": {"enum": ["red", "green", "blue"]},
-        "size": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
-                 "maximum": 99}}, "required": ["n"]},  # fmt: skip
+        "size": {
+            "type": "object",
+            "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["n"],
+        },  # fmt: skip
         "tags": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 3},
     },
     "required": ["ok", "color", "size", "tags"],
@@ -159,7 +162,7 @@ def test_grammars_cached_per_guide_lru(grammars):
         ("json", "[1]", "JSON schema is invalid: must be a JSON object"),
         ("regex", "(abc", "regex is invalid: Regex parsing error"),
         ("choice", "[]", "choice list is invalid: must be a non-empty list"),
-        ("grammar", "root ::= nope", 'EBNF grammar is invalid: EBNF parser error'),
+        ("grammar", "root ::= nope", "EBNF grammar is invalid: EBNF parser error"),
     ],
 )
 def test_invalid_guides_name_the_problem(guide_type, guide, message):

@@ -17,9 +17,14 @@ SCHEMA = {
     "properties": {
         "name": {"type": "string", "maxLength": 40},
         "age": {"type": "integer"},
-        "city": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},
-                 "country": {"enum": ["France", "Spain", "Other"]}},
-                 "required": ["name", "country"]},  # fmt: skip
+        "city": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 40},
+                "country": {"enum": ["France", "Spain", "Other"]},
+            },
+            "required": ["name", "country"],
+        },  # fmt: skip
         "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
     },
     "required": ["name", "age", "city", "hobbies"],

@@ -64,11 +64,20 @@ def test_trtllm_guides(kind, guide, expected):
     ("inputs", "message"),
     [
         (vllm({"guided_json": SCHEMA, "guided_regex": "a"}), "only one guide per request"),
-        (vllm({"structured_outputs": "json"}), "sampling_parameters.structured_outputs must be an object"),  # fmt: skip
+        (
+            vllm({"structured_outputs": "json"}),
+            "sampling_parameters.structured_outputs must be an object",
+        ),  # fmt: skip
         (vllm({"guided_regex": 5}), "sampling_parameters.guided_regex must be a non-empty string"),
-        (trtllm("structural_tag", "{}"), "guided_decoding_guide_type='structural_tag' is not supported"),  # fmt: skip
+        (
+            trtllm("structural_tag", "{}"),
+            "guided_decoding_guide_type='structural_tag' is not supported",
+        ),  # fmt: skip
         (trtllm("regex"), "guided_decoding_guide must not be empty for guide type 'regex'"),
-        ({"guided_decoding_guide": np.array([b"x"], dtype=np.object_)}, "needs guided_decoding_guide_type"),  # fmt: skip
+        (
+            {"guided_decoding_guide": np.array([b"x"], dtype=np.object_)},
+            "needs guided_decoding_guide_type",
+        ),  # fmt: skip
         ({**trtllm("regex", "a"), **vllm({"guided_regex": "b"})}, "only one guide per request"),
     ],
 )
