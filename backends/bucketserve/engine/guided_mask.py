@@ -20,6 +20,9 @@ import torch
 from bucketserve.engine.guided import GrammarCache
 
 MATCHER_CACHE_SIZE = 1024  # rows' matchers kept between steps (LRU); a dropped one is replayed
+# A matcher unused for this many sampler calls is dropped (with the token list it holds): a
+# prefill instance samples each sequence once, a decode one every step while it runs.
+STALE_CALLS = 16
 MATCHER_THREADS = 1  # bitmask fills: engine instances share the CPU cores
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,7 @@ class _RowMatcher:
     matcher: object  # xgrammar.GrammarMatcher
     num_accepted: int = 0
     is_broken: bool = False  # a generated token the grammar rejects: no longer masked
+    last_call: int = 0
 
     def fits(self, row) -> bool:
         return (self.token_ids is row.token_ids and self.guide_key == row.params.guide_key
@@ -49,6 +53,7 @@ class GuidedMasks:
         self._batch = None  # xgrammar.BatchGrammarMatcher
         self._bitmask: torch.Tensor | None = None  # [B, ceil(V / 32)] int32, reused
         self.num_replayed = 0  # tokens accepted into fresh matchers (hand-offs, evictions)
+        self.num_calls = 0
 
     def prefetch(self, params) -> None:
         """Start compiling a guide before the forward pass whose logits it will mask."""
@@ -59,6 +64,8 @@ class GuidedMasks:
         """logits: [B, V] -> a masked copy when some row is guided (else `logits` itself)."""
         import xgrammar as xgr
 
+        self.num_calls += 1
+        self._drop_stale()
         idx, matchers = [], []
         for i, row in enumerate(rows):
             if row.params.is_guided:
@@ -78,6 +85,13 @@ class GuidedMasks:
         )
         xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=logits.shape[1], indices=idx)
         return logits
+
+    def _drop_stale(self) -> None:
+        while self._rows:
+            m = next(iter(self._rows.values()))  # least recently used first
+            if m.last_call >= self.num_calls - STALE_CALLS:
+                return
+            self._rows.popitem(last=False)
 
     def _bitmask_for(self, batch: int) -> torch.Tensor:
         import xgrammar as xgr
@@ -101,6 +115,7 @@ class GuidedMasks:
             while len(self._rows) > self.size:
                 self._rows.popitem(last=False)
         self._rows.move_to_end(key)
+        m.last_call = self.num_calls
         new = row.token_ids[m.num_prompt + m.num_accepted :]
         if m.num_accepted == 0:
             self.num_replayed += len(new)

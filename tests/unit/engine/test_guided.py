@@ -179,3 +179,19 @@ def test_guide_fields_validated_without_xgrammar():
         SamplingParams(guide_type="json_object", guide="{}")
     with pytest.raises(ValueError, match="structured output needs a sampler"):
         Sampler()(torch.zeros(1, 8), [SampleRow(guided("regex", "a"), 0, (EOS,), [1])])
+
+
+def test_matchers_of_rows_gone_quiet_are_dropped(grammars):
+    """A prefill instance samples each sequence once: its matcher (and the token list it
+    holds) must not stay until 1024 others push it out."""
+    from bucketserve.engine.guided_mask import STALE_CALLS
+
+    sampler = Sampler(grammars=grammars)
+    params = guided("regex", "[a-z]+")
+    once = [7, 8]
+    sampler(step_logits(0), [SampleRow(params, 0, (EOS,), once)])
+    other = [9]
+    for step in range(STALE_CALLS + 2):
+        out = sampler(step_logits(step), [SampleRow(params, len(other) - 1, (EOS,), other)])
+        other.append(out.tokens[0])
+    assert [m.token_ids for m in sampler.guided._rows.values()] == [other]
