@@ -81,7 +81,7 @@ def test_cancel_a_prompt_halfway_through_its_chunked_prefill():
 @pytest.mark.parametrize("with_kv", [True, False])
 def test_cancel_while_decoding_stops_at_once(with_kv):
     worker, blocks, outbox = worker_of()
-    worker.submit(0, handoff([5, 6, 7], max_tokens=500, with_kv=with_kv))
+    worker.submit(0, handoff([5, 6, 7], max_tokens=200, with_kv=with_kv))
     worker.submit(1, handoff([8, 9], max_tokens=6, with_kv=with_kv))
     for _ in range(4):
         worker.iterate()
