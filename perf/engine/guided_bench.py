@@ -45,6 +45,7 @@ class Args:
     prompt_len: int = 32
     decode_steps: int = 24
     warmup_steps: int = 4
+    repeats: int = 3
     seed: int = 0
     threads: int = 0  # 0: torch's default
 
@@ -98,8 +99,11 @@ def measure(runner: ModelRunner, batch: int, a: Args) -> list[dict]:
     runner.sampler.guided.grammars.get(guided)  # compiled once, before timing
     rows = []
     for what, fn in (("decode_step", decode_run), ("sampler", sampler_run)):
-        ms = {name: 1e3 * statistics.median(fn(runner, p, batch, a))
-              for name, p in (("unmasked", plain), ("masked", guided))}  # fmt: skip
+        times: dict[str, list[float]] = {"unmasked": [], "masked": []}
+        for _ in range(a.repeats):  # alternated, so a load change hits both alike
+            for name, p in (("unmasked", plain), ("masked", guided)):
+                times[name] += fn(runner, p, batch, a)
+        ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
         rows.append({"what": what, "batch": batch, "unmasked_ms": round(ms["unmasked"], 3),
                      "masked_ms": round(ms["masked"], 3),
                      "ratio": round(ms["masked"] / ms["unmasked"], 3),
