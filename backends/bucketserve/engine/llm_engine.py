@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.config import EngineConfig
+from bucketserve.engine.guided import check_guide
 from bucketserve.engine.runner import ModelRunner
 from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.engine.scheduler import BatchLimits, Scheduler
@@ -57,6 +58,9 @@ class LLMEngine:
                 f"sampling_params must have one entry per prompt ({len(prompts)}), "
                 f"got {len(sampling_params)}"
             )
+        for sp in sampling_params:
+            check_guide(sp)  # a bad schema fails here, before any request runs
+        self.runner.sampler.prefetch(sampling_params)
         seqs = [Sequence(p, sp) for p, sp in zip(prompts, sampling_params, strict=True)]
         for seq in seqs:
             self._check_fits(seq)

@@ -21,6 +21,7 @@ from bucketserve.engine.cuda_graphs import DecodeGraphs
 from bucketserve.engine.decode_inputs import StaticDecodeInputs
 from bucketserve.engine.device import bind_thread, device_context
 from bucketserve.engine.fusion import WARM_LOGIT_ROWS, optimize, warm_onednn
+from bucketserve.engine.guided import GrammarCache
 from bucketserve.engine.kv_pool import allocate_kv_pool, auto_num_blocks
 from bucketserve.engine.sampler import SampleOutput, Sampler, SampleRow
 from bucketserve.engine.sequence import Chunk, Sequence
@@ -76,7 +77,9 @@ class ModelRunner:
         self.pool, self.pool_handle = allocate_kv_pool(
             self.model_config, self.num_blocks + 1, self.block_size, self.dtype, self.device, name
         )  # pool: [L, 2, num_blocks + 1, block_size, KVH, hd]
-        self.sampler = Sampler(self.device, config.seed)
+        mc = self.model_config  # structured output compiles against this tokenizer, on demand
+        grammars = GrammarCache(lambda: self.tokenizer_dir, mc.vocab_size, mc.eos_token_ids)
+        self.sampler = Sampler(self.device, config.seed, grammars)
         self.stats = StepStats()
         self._graphs = self._decode_graphs() if config.static_decode else None
 

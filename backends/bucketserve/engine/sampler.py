@@ -5,6 +5,9 @@ id), so a seeded request's tokens depend on neither batch composition nor which 
 device samples them (prefill and decode may run in different instances), and no
 torch.Generator is built per row per step. Unseeded rows get a fresh seed from the sampler's own
 generator each step.
+
+Guided rows (structured output) are masked to the tokens their grammar allows first, before
+stop-token masks, penalties and top-k/top-p (engine/guided_mask.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bucketserve.engine.guided import GrammarCache
+from bucketserve.engine.guided_mask import GuidedMasks
 from bucketserve.engine.logits_process import (
     apply_penalties,
     apply_top_k_top_p,
@@ -76,15 +81,30 @@ def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
 class Sampler:
     """Turns logits [B, V] into one token id per row (and log-probs for rows that ask)."""
 
-    def __init__(self, device: torch.device | str = "cpu", seed: int = 0) -> None:
+    def __init__(self, device: torch.device | str = "cpu", seed: int = 0,
+                 grammars: GrammarCache | None = None) -> None:  # fmt: skip
         self.device = torch.device(device)
         self.generator = torch.Generator().manual_seed(seed)  # CPU: fresh keys, no device sync
+        self.guided = GuidedMasks(grammars) if grammars is not None else None
+
+    def prefetch(self, params: list[SamplingParams]) -> None:
+        """Start compiling the guides of requests about to run (overlaps their forward pass)."""
+        for p in params:
+            if p.is_guided:
+                self._guided().prefetch(p)
+
+    def _guided(self) -> GuidedMasks:
+        if self.guided is None:
+            raise ValueError("structured output needs a sampler built with a GrammarCache")
+        return self.guided
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampleOutput:
         """logits: [B, V] float32 -> SampleOutput with B tokens."""
         if logits.shape[0] != len(rows):
             raise ValueError(f"rows must match logits batch {logits.shape[0]}, got {len(rows)}")
         raw = logits
+        if any(r.params.is_guided for r in rows):
+            logits = self._guided().apply(logits, rows)
         logits = apply_penalties(mask_banned(logits, rows), rows)
         tokens = logits.argmax(dim=-1)  # [B]
         sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]

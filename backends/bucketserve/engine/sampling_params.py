@@ -7,6 +7,9 @@ from dataclasses import dataclass
 MAX_SEED = 2**64 - 1
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
 MAX_PENALTY = 2.0  # OpenAI's presence/frequency penalty range is [-2, 2]
+# What `guide` holds for each guide_type: a JSON schema, nothing (any JSON object), a regex, a
+# JSON list of strings, an EBNF grammar (xgrammar's dialect). engine/guided.py compiles them.
+GUIDE_TYPES = ("", "json", "json_object", "regex", "choice", "grammar")
 
 
 @dataclass(slots=True)
@@ -26,6 +29,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # None: none; k >= 0: the sampled token's plus k alternatives
     bad_words_ids: tuple[tuple[int, ...], ...] = ()  # token sequences that must not be produced
+    guide_type: str = ""  # structured output: one of GUIDE_TYPES ("" is unconstrained)
+    guide: str = ""
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:  # also rejects NaN
@@ -49,6 +54,17 @@ class SamplingParams:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         self.bad_words_ids = tuple(tuple(int(t) for t in w) for w in self.bad_words_ids if w)
+        self._check_guide()
+
+    def _check_guide(self) -> None:
+        """Shape only; whether the schema / regex / grammar compiles is engine/guided.py's."""
+        if self.guide_type not in GUIDE_TYPES:
+            raise ValueError(f"guide_type must be one of {GUIDE_TYPES}, got {self.guide_type!r}")
+        needs_guide = self.guide_type not in ("", "json_object")
+        if needs_guide and not self.guide:
+            raise ValueError(f"guide must not be empty for guide_type {self.guide_type!r}")
+        if not needs_guide and self.guide:
+            raise ValueError(f"guide must be empty for guide_type {self.guide_type!r}")
 
     def _check_penalties(self) -> None:
         if not 0 < self.repetition_penalty <= 10:  # also rejects NaN
@@ -83,6 +99,16 @@ class SamplingParams:
             or self.presence_penalty != 0
             or self.frequency_penalty != 0
         )
+
+    @property
+    def is_guided(self) -> bool:
+        """Structured output: a grammar masks every sampled token."""
+        return self.guide_type != ""
+
+    @property
+    def guide_key(self) -> tuple[str, str]:
+        """What a compiled grammar is cached under."""
+        return self.guide_type, self.guide
 
     def is_stop_token(self, token: int, eos_token_ids) -> bool:
         """`token` ends the request (EOS unless ignored, or a stop id); min_tokens is the

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from bucketserve.engine.sampling_params import SamplingParams  # torch-free
-from bucketserve.serving.contract_rules import reject_unsupported, vllm_sampling
+from bucketserve.serving.contract_rules import reject_unsupported, trtllm_guide, vllm_sampling
 
 SLO_CLASSES = ("online", "offline")
 _KINDS = {"STRING": str, "BOOL": bool, "FP32": float, "INT32": int, "UINT64": int}
@@ -66,6 +66,8 @@ INPUTS = (
     Input("ttft_slo_ms", "FP32"),
     Input("tpot_slo_ms", "FP32"),
     Input("sampling_parameters", "STRING"),
+    Input("guided_decoding_guide_type", "STRING"),  # TensorRT-LLM's structured output inputs
+    Input("guided_decoding_guide", "STRING"),
     Input("stop", "BOOL", "stop"),
     Input("cache_salt", "STRING", "cache_salt"),  # vLLM's name: only equal salts share KV
 )
@@ -257,6 +259,11 @@ def apply_special(values: dict, sampling: dict) -> None:
     wants = ("return_log_probs", "return_logprobs", "return_cumulative_logprob")
     if any(values.get(n) for n in wants) and sampling.get("logprobs") is None:
         sampling["logprobs"] = 0
+    guide = trtllm_guide(values)
+    if guide and sampling.get("guide_type"):
+        raise ValueError("only one guide per request: guided_decoding_guide_type and a guide in "
+                         "sampling_parameters")  # fmt: skip
+    sampling.update(guide)
 
 
 def apply_slo(p: GenerateParams, values: dict) -> None:

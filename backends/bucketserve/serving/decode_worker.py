@@ -113,6 +113,8 @@ class DecodeWorker:
         self.num_received += 1
         self.streams[s.key] = s
         s.seq = Sequence(list(h.prompt_ids), p.sampling, seq_id=s.key, cache_salt=p.cache_salt)
+        if p.sampling.is_guided:  # its grammar compiles while it waits or prefills
+            self.runner.sampler.prefetch([p.sampling])
         s.text = TextStream(self.tokenizer, p.stop_words)
         if h.prefill_index >= 0:  # KV waits in a prefill pool; the first token came with it
             s.kv_pending = True

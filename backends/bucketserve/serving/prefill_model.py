@@ -64,6 +64,7 @@ class PrefillWorker:
         """Prefill one packed batch; `rows` are the sequences' SamplingParams, `salts` their
         cache salts (None: none)."""
         start = time.perf_counter()
+        self.runner.sampler.prefetch(rows)  # guides compile while the batch's prompts run
         self.reclaim()
         seqs, offset = [], 0
         for n, row, salt in zip(seq_lens.tolist(), rows, salts or [None] * len(rows), strict=True):

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from bucketserve.engine.guided import check_guide
 from bucketserve.scheduling.admission import check_prompt_bytes
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import (
@@ -45,6 +46,7 @@ class Preprocessor:
         params.request_id = request_id
         if params.stop:
             return [], params
+        check_guide(params.sampling)  # a schema that does not compile: 400 before generation
         text = text_input(inputs.get("text_input"))
         check_prompt_bytes(text, self.max_prompt_bytes)  # before tokenizing megabytes
         ids = self.encode(text, params.apply_chat_template)

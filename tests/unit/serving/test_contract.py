@@ -89,7 +89,7 @@ def test_unsupported_values_name_the_input(name, value, dtype, message):
     [
         ({"n": 2}, r"sampling_parameters.n=2 is not supported"),
         ({"use_beam_search": True}, r"sampling_parameters.use_beam_search"),
-        ({"guided_json": {}}, r"sampling_parameters.guided_json is not supported"),
+        ({"logit_bias": {"1": 2}}, r"sampling_parameters.logit_bias is not supported"),
         ({"logprobs": 21}, r"logprobs must be in \[0, 20\]"),
         ({"stop": 5}, r"sampling_parameters.stop must be a string or a list"),
         ({"top_p": "x"}, r"sampling_parameters.top_p must be a number"),

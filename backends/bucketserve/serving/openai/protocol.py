@@ -9,6 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from bucketserve.serving.front.errors import openai_body
 
 MAX_TOP_LOGPROBS = 20
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+# vLLM's structured-output request fields (clients send them with extra_body), passed on as
+# the vLLM-backend `sampling_parameters` keys of the same names.
+GUIDE_EXTRAS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                "structured_outputs", "guided_decoding")  # fmt: skip
 
 
 class OpenAIError(Exception):
@@ -67,6 +72,7 @@ class Common(BaseModel):
                "top_k": self.top_k, "min_tokens": self.min_tokens,
                "repetition_penalty": self.repetition_penalty,
                "cache_salt": self.cache_salt}  # fmt: skip
+        out |= {k: v for k, v in (self.model_extra or {}).items() if k in GUIDE_EXTRAS}
         return {k: v for k, v in out.items() if v is not None}
 
 
@@ -85,15 +91,19 @@ class ChatRequest(Common):
             raise OpenAIError(400, "tools are not supported", "tools")
         if self.tool_choice not in (None, "none"):
             raise OpenAIError(400, "tool_choice is not supported", "tool_choice")
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
-            raise OpenAIError(400, f"response_format type {kind!r} is not supported; supported: 'text'", "response_format")  # fmt: skip
+        response_guide(self.response_format)
         if self.top_logprobs is not None and not self.logprobs:
             raise OpenAIError(400, "top_logprobs requires logprobs=true", "top_logprobs")
 
     @property
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def sampling(self, max_tokens: int | None, logprobs: int | None) -> dict:
+        """Common's, plus response_format as a vLLM `structured_outputs` object."""
+        out = super().sampling(max_tokens, logprobs)
+        guide = response_guide(self.response_format)
+        return out | {"structured_outputs": guide} if guide else out
 
     def texts(self) -> list[dict]:
         """Messages for the chat template, content parts joined into text."""
@@ -104,6 +114,25 @@ class ChatRequest(Common):
                 content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
             out.append({"role": m.role, "content": content or ""})
         return out
+
+
+def response_guide(response_format: dict | None) -> dict | None:
+    """OpenAI `response_format` -> vLLM `structured_outputs` (None for text). The schema is
+    enforced whatever `strict` says: a server that quietly ignores it is the complaint users
+    have; whether the schema compiles is the backend's 400."""
+    kind = (response_format or {}).get("type", "text")
+    if kind not in RESPONSE_FORMATS:
+        raise OpenAIError(400, f"response_format type {kind!r} is not supported; supported: "
+                          f"{', '.join(map(repr, RESPONSE_FORMATS))}", "response_format")  # fmt: skip
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise OpenAIError(400, "response_format.json_schema.schema must be a JSON schema object",
+                          "response_format")  # fmt: skip
+    return {"json": spec["schema"]}
 
 
 class CompletionRequest(Common):
