@@ -105,7 +105,7 @@ def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
     """The dtype "auto" runs on `device`, and why. GPU: bfloat16. CPU: bfloat16 when it has
     native bf16 (CPU_BF16_FLAGS) and torch has oneDNN's packed linears, else float32."""
     if device.type != "cpu":
-        return torch.bfloat16, f"{device.type}"
+        return torch.bfloat16, f"bf16 is native on {device.type}"
     from bucketserve.engine.fusion import is_onednn_available
 
     flags = cpu_bf16_flags()

@@ -213,7 +213,8 @@ CPU_KERNEL_CLASSES = {RMSNorm: CpuRMSNorm, Attention: CpuAttention, MLP: CpuMLP}
 
 def use_cpu_kernels(model: CausalLM) -> int:
     """Switch RMSNorm, Attention and MLP modules to their C++-kernel subclasses (CPU float32
-    or bfloat16, after cpu_ops.load()); returns how many. The subclasses add no state, only forward paths."""
+    or bfloat16, after cpu_ops.load()); returns how many. The subclasses add no state, only
+    forward paths."""
     return swap_classes(model, CPU_KERNEL_CLASSES)
 
 
