@@ -1,7 +1,9 @@
 """Engine micro-benchmark: BucketServe's ModelRunner vs transformers eager, same model, same
-prompts, same run. Prints one JSON object per line (phase prefill / decode per batch size).
+prompts, same run, in each benchmarked dtype. Prints one JSON object per line (phase prefill /
+decode per batch size, impl and dtype), then a table on stderr: tokens/s of each, bf16/fp32,
+and the decode step against its memory floor (weight + KV bytes / read bandwidth, measured).
 
-    python perf/engine/engine_bench.py                      # CPU, SmolLM2 fp32, batch 1 and 16
+    python perf/engine/engine_bench.py                      # CPU, SmolLM2, fp32 (+ bf16), batch 1/16/64
     python perf/engine/engine_bench.py --device cuda --model dummy:llama-3-8b --batch-sizes 1,64
 """
 
@@ -10,13 +12,16 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass
 
 import torch
+from bucketserve.bench.engine_table import print_table
+from bucketserve.bench.floor import decode_floor, read_bandwidth
 from bucketserve.engine.block_manager import BlockManager
-from bucketserve.engine.config import EngineConfig, resolve_device, resolve_dtype
+from bucketserve.engine.config import EngineConfig, auto_dtype, resolve_device
 from bucketserve.engine.loader import dummy_shape, is_dummy
 from bucketserve.engine.runner import ModelRunner
 from bucketserve.engine.sampling_params import SamplingParams
@@ -33,13 +38,13 @@ class Args:
 
     model: str = "smollm2"
     device: str = "auto"
-    dtype: str = "auto"
+    dtypes: str = "auto"  # comma-separated; "auto": float32 and, where auto picks it, bfloat16
     attention: str = "auto"
-    batch_sizes: str = ""  # "": 1,16 on CPU; 1,16,64 on GPU
+    batch_sizes: str = "1,16,64"
     prompt_len: int = 128
     decode_steps: int = 32
     impl: str = "both"
-    repeats: int = 3
+    repeats: int = 3  # timed rounds, every bench once per round (interleaved); median kept
     seed: int = 0
     threads: int = 0  # 0: torch's default
     output: str = ""
@@ -65,15 +70,16 @@ class OursBench:
 
     name = "bucketserve"
 
-    def __init__(self, args: Args, max_batch: int) -> None:
+    def __init__(self, args: Args, dtype: str, max_batch: int) -> None:
         max_len = args.prompt_len + args.decode_steps + 16
         # A pool just big enough (max_len // 16 + 2 blocks per sequence covers block sizes
         # >= 16): the default takes 90 % of a GPU's free memory, none left for transformers.
         self.runner = ModelRunner(EngineConfig(
-            model=args.model, device=args.device, dtype=args.dtype, attention=args.attention,
+            model=args.model, device=args.device, dtype=dtype, attention=args.attention,
             seed=args.seed, max_model_len=max_len, num_blocks=max_batch * (max_len // 16 + 2),
         ))  # fmt: skip
         self.attention = self.runner.attention_backend
+        self.dtype = dtype
 
     def run(self, prompts: list[list[int]], steps: int) -> tuple[float, float]:
         """Seconds for the prefill and for `steps` decode steps."""
@@ -99,18 +105,16 @@ class HfBench:
 
     name = "transformers"
 
-    def __init__(self, args: Args, ours: OursBench | None) -> None:
+    def __init__(self, args: Args, dtype: str, model_dir: str | None) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        self.device = resolve_device(args.device)
-        dtype = resolve_dtype(EngineConfig(dtype=args.dtype).dtype, self.device)
+        self.device, self.dtype = resolve_device(args.device), dtype
         if is_dummy(args.model):
             config = AutoConfig.for_model(**DUMMY_SHAPES[dummy_shape(args.model)])
             with torch.device(self.device):  # initialise on the device: 8B on CPU takes minutes
-                model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+                model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
         else:
-            model_dir = ours.runner.tokenizer_dir if ours else _model_dir(args.model)
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
         self.model = model.to(self.device).eval()
         self.attention = self.model.config._attn_implementation
 
@@ -152,87 +156,90 @@ def _timed(fn, device: torch.device) -> float:
     return _elapsed(start, device)
 
 
-def measure(bench, prompts: list[list[int]], args: Args) -> tuple[float, float]:
-    """Best-of-`repeats` prefill and decode seconds after one untimed warm-up."""
-    bench.run(prompts, min(4, args.decode_steps))
-    runs = [bench.run(prompts, args.decode_steps) for _ in range(args.repeats)]
-    return min(r[0] for r in runs), min(r[1] for r in runs)
+def measure(benches: list, prompts: list[list[int]], args: Args) -> list[tuple[float, float]]:
+    """Median prefill and decode seconds of each bench over `repeats` rounds, each round
+    running every bench once in turn (so a burst of load on a shared machine hits all of
+    them), after one untimed warm-up each."""
+    for bench in benches:
+        bench.run(prompts, min(4, args.decode_steps))
+    rounds = [[bench.run(prompts, args.decode_steps) for bench in benches]
+              for _ in range(args.repeats)]  # fmt: skip
+    return [
+        (statistics.median(r[i][0] for r in rounds), statistics.median(r[i][1] for r in rounds))
+        for i in range(len(benches))
+    ]
 
 
 def records(bench, batch: int, times: tuple[float, float], args: Args, meta: dict) -> list[dict]:
     """The two JSON lines (prefill, decode) of one measurement."""
     t_prefill, t_decode = times
-    common = dict(meta, impl=bench.name, attention=bench.attention, batch=batch,
-                  prompt_len=args.prompt_len)  # fmt: skip
+    common = dict(meta, impl=bench.name, dtype=bench.dtype, attention=bench.attention,
+                  batch=batch, prompt_len=args.prompt_len)  # fmt: skip
     prefill = dict(common, phase="prefill", steps=1, seconds=round(t_prefill, 4),
                    tokens_per_s=round(batch * args.prompt_len / t_prefill, 1))  # fmt: skip
     decode = dict(common, phase="decode", steps=args.decode_steps, seconds=round(t_decode, 4),
                   tokens_per_s=round(batch * args.decode_steps / t_decode, 1),
                   step_ms=round(1e3 * t_decode / args.decode_steps, 3))  # fmt: skip
-    if meta["device"].startswith("cuda"):
-        decode.update(memory_floor(bench, batch, args, decode["step_ms"]))
+    context = args.prompt_len + args.decode_steps // 2
+    mc = _model_config(args.model, bench.dtype)
+    decode.update(decode_floor(mc, batch, context, meta["read_bandwidth"], decode["step_ms"]))
     return [prefill, decode]
 
 
-def memory_floor(bench, batch: int, args: Args, step_ms: float) -> dict:
-    """Decode step time vs reading all weights and the batch's KV once at GPU bandwidth."""
-    mc = ours_config(args)
-    context = args.prompt_len + args.decode_steps // 2
-    # A step reads one embedding row per sequence, not the table (unless lm_head shares it).
-    params = mc.num_params - (0 if mc.tie_word_embeddings else mc.vocab_size * mc.hidden_size)
-    nbytes = params * torch.finfo(_dtype(args)).bits // 8
-    nbytes += batch * context * mc.kv_bytes_per_token
-    floor_ms = 1e3 * nbytes / GPU_BANDWIDTH
-    return dict(floor_ms=round(floor_ms, 3), floor_ratio=round(step_ms / floor_ms, 2))
-
-
-def _dtype(args: Args) -> torch.dtype:
-    return resolve_dtype(EngineConfig(dtype=args.dtype).dtype, resolve_device(args.device))
-
-
-def ours_config(args: Args):
-    """ModelConfig of the benchmarked model in the benchmark dtype."""
+def _model_config(model: str, dtype: str):
     from bucketserve.engine.loader import model_config_for
 
-    return model_config_for(args.model, dtype=str(_dtype(args)).removeprefix("torch."))
+    return model_config_for(model, dtype=dtype)
 
 
-def print_speedups(batch: int, rates: dict) -> None:
-    """bucketserve / transformers tokens/s per phase, to stderr (stdout stays JSON lines)."""
-    for phase in ("prefill", "decode"):
-        ours, theirs = rates.get(("bucketserve", phase)), rates.get(("transformers", phase))
-        if ours and theirs:
-            print(f"batch {batch} {phase}: bucketserve {ours} vs transformers {theirs} "
-                  f"tokens/s = {ours / theirs:.2f}x", file=sys.stderr, flush=True)  # fmt: skip
+def bench_dtypes(spec: str, device: torch.device) -> list[str]:
+    """The dtypes to benchmark: "auto" -> float32, and bfloat16 when auto picks it."""
+    if spec != "auto":
+        return [EngineConfig(dtype=d).dtype for d in spec.split(",")]
+    picked = str(auto_dtype(device)[0]).removeprefix("torch.")
+    return list(dict.fromkeys(["float32", picked])) if device.type == "cpu" else [picked]
+
+
+def make_benches(args: Args, dtypes: list[str], max_batch: int) -> list:
+    """Ours and transformers per dtype, in the order they run (ours first per dtype)."""
+    benches = []
+    for dtype in dtypes:
+        ours = OursBench(args, dtype, max_batch) if args.impl != "transformers" else None
+        model_dir = None if is_dummy(args.model) else _model_dir(args.model)
+        hf = HfBench(args, dtype, model_dir) if args.impl != "bucketserve" else None
+        benches += [b for b in (ours, hf) if b]
+    return benches
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the comparison and print JSON lines."""
+    """Run the comparison, print JSON lines (stdout) and the table (stderr)."""
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    sizes = args.batch_sizes or ("1,16" if device.type == "cpu" else "1,16,64")
-    batches = [int(b) for b in sizes.split(",")]
-    ours = OursBench(args, max(batches)) if args.impl in ("both", "bucketserve") else None
-    benches = [b for b in (ours, HfBench(args, ours) if args.impl != "bucketserve" else None) if b]
-    meta = dict(model=args.model, device=str(device), dtype=str(_dtype(args)).removeprefix("torch."),
-                threads=torch.get_num_threads())  # fmt: skip
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    benches = make_benches(args, bench_dtypes(args.dtypes, device), max(batches))
+    bandwidth = GPU_BANDWIDTH if device.type == "cuda" else read_bandwidth()
+    meta = dict(model=args.model, device=str(device), threads=torch.get_num_threads(),
+                read_bandwidth=round(bandwidth / 1e9, 1) * 1e9)  # fmt: skip
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s "
+          f"({'measured' if device.type == 'cpu' else 'H200 reference'})", file=sys.stderr)  # fmt: skip
     out = open(args.output, "a") if args.output else None  # noqa: SIM115
+    rows = []
     for batch in batches:
         prompts = make_prompts(args.model, batch, args.prompt_len, args.seed + batch)
-        rates = {}
-        for bench in benches:  # same prompts, interleaved per batch size
-            for rec in records(bench, batch, measure(bench, prompts, args), args, meta):
-                rates[rec["impl"], rec["phase"]] = rec["tokens_per_s"]
+        for bench, times in zip(benches, measure(benches, prompts, args), strict=True):
+            for rec in records(bench, batch, times, args, meta):
+                rows.append(rec)
                 line = json.dumps(rec)
                 print(line, flush=True)
                 if out:
                     out.write(line + "\n")
-        print_speedups(batch, rates)
-    if ours:
-        ours.runner.close()
+    print_table(rows)
+    for bench in benches:
+        if isinstance(bench, OursBench):
+            bench.runner.close()
     if out:
         out.close()
 
@@ -243,13 +250,13 @@ def parse_args(argv: list[str] | None) -> Args:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=d.model)
     p.add_argument("--device", default=d.device)
-    p.add_argument("--dtype", default=d.dtype)
+    p.add_argument("--dtypes", "--dtype", default=d.dtypes, help="comma-separated, or auto")
     p.add_argument("--attention", default=d.attention)
     p.add_argument("--batch-sizes", default=d.batch_sizes, help="comma-separated")
     p.add_argument("--prompt-len", type=int, default=d.prompt_len)
     p.add_argument("--decode-steps", type=int, default=d.decode_steps)
     p.add_argument("--impl", choices=("both", "bucketserve", "transformers"), default=d.impl)
-    p.add_argument("--repeats", type=int, default=d.repeats, help="timed runs, best kept")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed rounds, median kept")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (0: default)")
     p.add_argument("--output", default=d.output, help="also append the JSON lines here")

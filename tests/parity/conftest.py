@@ -10,6 +10,7 @@ import torch
 from bucketserve.engine.loader import resolve_model
 from bucketserve.engine.sampling_params import SamplingParams
 
+from tests.parity.bf16_refs import Bf16Reference, hf_bf16_references
 from tests.parity.prompts import Prompt, build_prompts
 
 MAX_NEW_TOKENS = 64
@@ -72,6 +73,12 @@ def references(model_dir) -> list[Reference]:
         logits = torch.cat(out.logits[:NUM_LOGIT_STEPS]).float()
         refs.append(Reference(prompt, tokens, logits))
     return refs
+
+
+@pytest.fixture(scope="session")
+def bf16_references(model_dir) -> list[Bf16Reference]:
+    """transformers' greedy generations in bfloat16 (for the bf16 engine's near-tie rule)."""
+    return hf_bf16_references(model_dir, MAX_NEW_TOKENS, EOS_TOKEN_ID)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def decode_worker(
-    model_dir: str, handle_json: str, table_name: str, threads: int, jobs, results
+    model_dir: str, dtype: str, handle_json: str, table_name: str, threads: int, jobs, results
 ) -> None:
     """Open the prefill pool, pull each hand-off's blocks, ack, then decode to completion."""
     from bucketserve.engine.block_manager import BlockManager
@@ -14,7 +14,9 @@ def decode_worker(
     from bucketserve.kv.handoff import HandoffTable
     from bucketserve.kv.transport import PoolHandle, copy_blocks, open_pool, release_pool
 
-    config = EngineConfig(model=model_dir, device="cpu", kv_cache_gb=0.5, num_threads=threads)
+    config = EngineConfig(
+        model=model_dir, device="cpu", dtype=dtype, kv_cache_gb=0.5, num_threads=threads
+    )
     runner = ModelRunner(config)
     handle = PoolHandle.from_json(handle_json)
     src_pool, table = open_pool(handle), HandoffTable.open(table_name)

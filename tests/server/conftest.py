@@ -50,8 +50,13 @@ def start_server(tmp_path_factory, **overrides) -> LocalEdge:
         grpc_port=free_port(),
         metrics_port=free_port(),
         run_dir=str(run_dir),
-        # the OpenAI port only where a test asks for it (the routes are on the edge's port too)
-        **({"kv_cache_gb": 0.5, "max_model_len": 2048, "openai_port": 0} | overrides),
+        # the OpenAI port only where a test asks for it (the routes are on the edge's port too);
+        # float32: the server's text is compared with transformers' float32 generate (bf16
+        # parity: tests/parity)
+        **(
+            {"kv_cache_gb": 0.5, "max_model_len": 2048, "openai_port": 0, "dtype": "float32"}
+            | overrides
+        ),
     )
     server = TritonServer(cfg)
     server.start()

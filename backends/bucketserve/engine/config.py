@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -20,7 +22,7 @@ class EngineConfig:
 
     model: str = "smollm2"  # "smollm2", a checkpoint dir, a .gguf file, or "dummy:<shape>"
     device: str = "auto"  # "auto": cuda if available, else cpu
-    dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU
+    dtype: str = "auto"  # "auto": bfloat16 on GPUs and on CPUs with native bf16 (auto_dtype)
     attention: str = "auto"  # one of ATTENTION_BACKENDS
     block_size: int | None = None  # tokens per KV block; None: 256 with flash_attn, else 16
     num_blocks: int | None = None  # None: from kv_cache_gb (CPU) / gpu_memory_utilization
@@ -81,7 +83,47 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """ "auto" -> float32 on CPU, bfloat16 on GPU."""
+    """ "auto" -> what auto_dtype picks; any other (canonical) name -> that dtype."""
     if dtype == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
+        return auto_dtype(device)[0]
     return getattr(torch, dtype)
+
+
+def dtype_reason(dtype: str, device: torch.device) -> str:
+    """Why the engine runs `dtype` on `device`: one phrase for the start-up log."""
+    if dtype == "auto":
+        return "auto: " + auto_dtype(device)[1]
+    return f"--dtype {dtype}"
+
+
+# ISA flags with native bf16 dot products (AVX512-BF16: Zen 4+, Cooper Lake+; AMX: Sapphire
+# Rapids+): oneDNN's bf16 GEMMs then read half the bytes of fp32 at full speed. Without them
+# oneDNN converts bf16 in software and plain torch bf16 matmuls are far slower than fp32.
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
+    """The dtype "auto" runs on `device`, and why. GPU: bfloat16. CPU: bfloat16 when it has
+    native bf16 (CPU_BF16_FLAGS) and torch has oneDNN's packed linears, else float32."""
+    if device.type != "cpu":
+        return torch.bfloat16, f"bf16 is native on {device.type}"
+    from bucketserve.engine.fusion import is_onednn_available
+
+    flags = cpu_bf16_flags()
+    if not flags:
+        return torch.float32, f"the CPU lacks {' and '.join(CPU_BF16_FLAGS)}"
+    if not is_onednn_available():
+        return torch.float32, "this torch build lacks oneDNN's packed linears"
+    return torch.bfloat16, f"the CPU has {' and '.join(flags)}"
+
+
+@functools.cache
+def cpu_bf16_flags() -> tuple[str, ...]:
+    """Which of CPU_BF16_FLAGS this CPU has, from /proc/cpuinfo (none where it is absent)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ()
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), [])  # fmt: skip
+    return tuple(f for f in CPU_BF16_FLAGS if f in flags)

@@ -1,7 +1,7 @@
-"""The engine's C++ CPU kernels (csrc/cpu_ops.cpp), built once with torch's extension loader.
+"""The engine's C++ CPU kernels (csrc/*.cpp), built once with torch's extension loader.
 
 The build is tuned for the machine that runs it (-march=native), so the cache key includes
-the CPU's feature flags as well as the source, the flags and the torch version. The first
+the CPU's feature flags as well as the sources, the flags and the torch version. The first
 load compiles (about 10 s; `make setup` does it ahead of time); later loads only open the
 cached library. Without a C++ compiler the engine falls back to torch ops (SDPA attention).
 
@@ -22,7 +22,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "cpu_ops.cpp"
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = tuple(sorted(CSRC.glob("*.cpp")))  # cpu_ops.cpp registers the ops the others define
 CFLAGS = (
     "-O3", "-march=native", "-fopenmp",
     # Let the compiler reorder float sums into vector lanes (dot products, softmax sums).
@@ -48,8 +49,9 @@ def _cpu_tag() -> str:
 
 
 def library_name() -> str:
-    """Extension name unique to this source, these flags, this torch and this CPU."""
-    key = "\n".join([SOURCE.read_text(), *CFLAGS, *LDFLAGS, torch.__version__, _cpu_tag()])
+    """Extension name unique to these sources, these flags, this torch and this CPU."""
+    texts = [p.read_text() for p in sorted(CSRC.glob("*.[ch]*"))]  # .cpp and .h
+    key = "\n".join([*texts, *CFLAGS, *LDFLAGS, torch.__version__, _cpu_tag()])
     return "bucketserve_cpu_ops_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -94,8 +96,9 @@ def _load_library() -> None:
     log.info("building C++ CPU kernels into %s (once)", build_dir)
     cpp_extension.load(
         # Copies: torch's loader appends to the flag lists it is given.
-        name=name, sources=[str(SOURCE)], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
-        build_directory=str(build_dir), is_python_module=False, verbose=False,
+        name=name, sources=[str(p) for p in SOURCES], extra_cflags=list(CFLAGS),
+        extra_ldflags=list(LDFLAGS), build_directory=str(build_dir), is_python_module=False,
+        verbose=False,
     )  # fmt: skip
 
 

@@ -36,11 +36,12 @@ def fuse_projections(model: CausalLM) -> None:
 
 
 log = logging.getLogger(__name__)
+CPU_DTYPES = (torch.float32, torch.bfloat16)  # the C++ kernels' and oneDNN linears' dtypes
 
 
 def optimize(model: CausalLM, device: torch.device, dtype: torch.dtype,
              triton_elementwise: bool = False) -> tuple[str, str]:  # fmt: skip
-    """Fuse projections; on CPU route element-wise ops to the C++ kernels (float32) and
+    """Fuse projections; on CPU route element-wise ops to the C++ kernels and
     pre-pack linears for oneDNN; with triton_elementwise, to the Triton kernels.
     Returns (linear_impl, elementwise_impl)."""
     fuse_projections(model)
@@ -49,10 +50,10 @@ def optimize(model: CausalLM, device: torch.device, dtype: torch.dtype,
         return "torch", "triton"
     is_cpu = device.type == "cpu"
     elementwise = "torch"
-    if is_cpu and dtype == torch.float32 and cpu_ops.load():
+    if is_cpu and dtype in CPU_DTYPES and cpu_ops.load():
         use_cpu_kernels(model)
         elementwise = "cpp"
-    if not (is_cpu and dtype in (torch.float32, torch.bfloat16) and is_onednn_available()):
+    if not (is_cpu and dtype in CPU_DTYPES and is_onednn_available()):
         return "torch", elementwise
     try:
         pack_for_onednn(model)
@@ -211,8 +212,9 @@ CPU_KERNEL_CLASSES = {RMSNorm: CpuRMSNorm, Attention: CpuAttention, MLP: CpuMLP}
 
 
 def use_cpu_kernels(model: CausalLM) -> int:
-    """Switch RMSNorm, Attention and MLP modules to their C++-kernel subclasses (CPU float32,
-    after cpu_ops.load()); returns how many. The subclasses add no state, only forward paths."""
+    """Switch RMSNorm, Attention and MLP modules to their C++-kernel subclasses (CPU float32
+    or bfloat16, after cpu_ops.load()); returns how many. The subclasses add no state, only
+    forward paths."""
     return swap_classes(model, CPU_KERNEL_CLASSES)
 
 

@@ -16,7 +16,7 @@ from bucketserve.engine.attention import (
     make_backend,
     resolve_backend_name,
 )
-from bucketserve.engine.config import EngineConfig, resolve_device, resolve_dtype
+from bucketserve.engine.config import EngineConfig, dtype_reason, resolve_device, resolve_dtype
 from bucketserve.engine.cuda_graphs import DecodeGraphs
 from bucketserve.engine.decode_inputs import StaticDecodeInputs
 from bucketserve.engine.device import bind_thread, device_context
@@ -45,6 +45,8 @@ class ModelRunner:
             # (OpenMP threads spin-wait; two 2-thread processes on 2 cores run ~5x slower).
             torch.set_num_threads(config.num_threads)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype_reason = dtype_reason(config.dtype, self.device)  # for describe()
+        log.info("dtype %s (%s)", str(self.dtype).removeprefix("torch."), self.dtype_reason)
         is_dummy = loader.is_dummy(config.model)
         self._model_dir = None if is_dummy else loader.resolve_model(config.model)
         self.model_config = self._load_model_config()
@@ -114,7 +116,8 @@ class ModelRunner:
 
     def describe(self) -> str:
         """One line for logs: model, device, dtype and which implementation runs each part."""
-        return (f"{self.config.model} on {self.device} {str(self.dtype).removeprefix('torch.')}: "
+        return (f"{self.config.model} on {self.device} {str(self.dtype).removeprefix('torch.')} "
+                f"({self.dtype_reason}): "
                 f"attention {self.attention_backend}, linears {self.linear_impl}, "
                 f"norms/rope/SwiGLU {self.elementwise_impl}, decode "
                 f"{'CUDA graphs' if self.uses_cuda_graphs else 'eager'}, "

@@ -37,7 +37,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-port", type=int, default=d.grpc_port)
     p.add_argument("--metrics-port", type=int, default=d.metrics_port)
     p.add_argument("--run-dir", default=d.run_dir)
-    p.add_argument("--dtype", default=d.dtype)
+    p.add_argument(
+        "--dtype",
+        default=d.dtype,
+        help="auto: bfloat16 on GPUs and on CPUs with "
+        "AVX512-BF16/AMX, else float32 (logged at start); or float32, bfloat16",
+    )
     p.add_argument("--attention", default=d.attention)
     p.add_argument("--block-size", type=int, default=d.block_size)
     p.add_argument("--kv-cache-gb", type=float, default=d.kv_cache_gb)

@@ -42,7 +42,7 @@ class ServeConfig:
     metrics_port: int = 8002
     run_dir: str = ".run/serve"
     run_id: str = ""  # "": a fresh random id per launch (names the shared-memory segments)
-    dtype: str = "auto"
+    dtype: str = "auto"  # engine.config.auto_dtype: bf16 on GPUs and bf16-capable CPUs
     attention: str = "auto"
     block_size: int | None = None  # None: 16, or 256 with flash_attn
     kv_cache_gb: float | None = None  # None: 1 GiB per CPU pool, 0.9 x free memory on GPU

@@ -9,9 +9,9 @@ from bucketserve.engine.runner import ModelRunner
 
 @pytest.fixture
 def tiny_runner():
-    """A dummy:tiny runner (2 layers, hidden 64) with a small pool of 4-token blocks."""
+    """A float32 dummy:tiny runner (2 layers, hidden 64), a small pool of 4-token blocks."""
     runner = ModelRunner(
-        EngineConfig(model="dummy:tiny", device="cpu", num_blocks=96, block_size=4)
+        EngineConfig(model="dummy:tiny", device="cpu", dtype="float32", num_blocks=96, block_size=4)
     )
     yield runner
     runner.close()

@@ -93,10 +93,11 @@ def test_backend_selection_on_cpu(monkeypatch):
     cpu = torch.device("cpu")
     assert resolve_backend_name("auto", cpu, torch.float32) == "cpu_paged"
     assert resolve_backend_name("cpu_paged", cpu, torch.float32) == "cpu_paged"
-    assert resolve_backend_name("auto", cpu, torch.bfloat16) == "sdpa"
+    assert resolve_backend_name("auto", cpu, torch.bfloat16) == "cpu_paged"
+    assert resolve_backend_name("auto", cpu, torch.float16) == "sdpa"
     assert resolve_backend_name("sdpa", cpu) == "sdpa"
-    with pytest.raises(ValueError, match="needs device cpu and dtype float32"):
-        resolve_backend_name("cpu_paged", cpu, torch.bfloat16)
+    with pytest.raises(ValueError, match="needs device cpu and dtype float32/bfloat16"):
+        resolve_backend_name("cpu_paged", cpu, torch.float16)
     monkeypatch.setattr(cpu_ops, "load", lambda: False)  # a machine without a C++ compiler
     assert resolve_backend_name("auto", cpu, torch.float32) == "sdpa"
     with pytest.raises(ValueError, match="C\\+\\+ CPU kernels, which did not build"):

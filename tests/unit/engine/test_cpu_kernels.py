@@ -109,8 +109,8 @@ def test_runner_with_kernels_matches_eager_reference(model):
     prompts = [list(range(10, 10 + n)) for n in (1, 4, 9, 30)]
     logits = {}
     for fast in (True, False):
-        config = EngineConfig(model=model, device="cpu", num_blocks=64, block_size=4,
-                              optimize_weights=fast, attention="auto" if fast else "sdpa",
+        config = EngineConfig(model=model, device="cpu", dtype="float32", num_blocks=64,
+                              block_size=4, optimize_weights=fast, attention="auto" if fast else "sdpa",
                               warm_gemms=True, max_num_batched_tokens=1024)  # fmt: skip
         runner = ModelRunner(config)
         assert runner.elementwise_impl == ("cpp" if fast else "torch")

@@ -17,8 +17,8 @@ PROMPTS = [[5, 17, 99, 3, 250, 7, 8, 42, 11, 12, 13], [6], [200 + i for i in ran
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_prefill_and_decode_logits_match_hf(arch, optimize, tmp_path):
     hf = make_hf_checkpoint(arch, tmp_path)
-    config = EngineConfig(model=str(tmp_path), device="cpu", num_blocks=64, block_size=4,
-                          optimize_weights=optimize)  # fmt: skip
+    config = EngineConfig(model=str(tmp_path), device="cpu", dtype="float32", num_blocks=64,
+                          block_size=4, optimize_weights=optimize)  # fmt: skip
     runner = ModelRunner(config)
     try:
         bm = BlockManager(runner.num_blocks, runner.block_size)

@@ -72,8 +72,8 @@ def runner_error() -> dict:
     kernels, the static decode step) vs the default CPU path."""
     logits, paths = [], []
     for attention in ("triton", "auto"):
-        runner = ModelRunner(EngineConfig(model="dummy:tiny", device="cpu", num_blocks=64,
-                                          block_size=16, attention=attention))  # fmt: skip
+        runner = ModelRunner(EngineConfig(model="dummy:tiny", device="cpu", dtype="float32",
+                                          num_blocks=64, block_size=16, attention=attention))  # fmt: skip
         bm = BlockManager(runner.num_blocks, runner.block_size)
         seqs = prefill_seqs(runner, bm, [list(range(10, 10 + n)) for n in (1, 20, 47)])
         runner.prefill(seqs)

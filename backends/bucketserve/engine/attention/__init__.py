@@ -77,8 +77,8 @@ def _triton_problem(device: torch.device) -> str | None:
 
 def _cpu_paged_problem(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why the C++ CPU kernel cannot run here (None: it can)."""
-    if device.type != "cpu" or dtype != torch.float32:
-        return f"needs device cpu and dtype float32, got {device.type} and {dtype}"
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return f"needs device cpu and dtype float32/bfloat16, got {device.type} and {dtype}"
     from bucketserve.engine import cpu_ops
 
     if not cpu_ops.load():

@@ -1,5 +1,5 @@
 """CPU attention: SDPA prefill, and a C++ paged decode kernel that reads the KV pool through
-the block tables (no gather copy, no padding mask). float32."""
+the block tables (no gather copy, no padding mask). float32 or bfloat16."""
 
 from __future__ import annotations
 

@@ -1,0 +1,165 @@
+"""bfloat16 on CPU: the C++ kernels in bf16 against torch run the way transformers runs bf16,
+the fast bf16 runner against its eager HF layout, `dtype="auto"` and the bf16 KV pool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from bucketserve.engine import config as engine_config
+from bucketserve.engine import cpu_ops
+from bucketserve.engine.attention import store_kv
+from bucketserve.engine.block_manager import BlockManager
+from bucketserve.engine.config import EngineConfig, auto_dtype, dtype_reason, resolve_dtype
+from bucketserve.engine.cpu_attention import CpuPagedBackend
+from bucketserve.engine.model import RMSNorm
+from bucketserve.engine.rope import apply_rope
+from bucketserve.engine.runner import ModelRunner
+from bucketserve.engine.sdpa_attention import SdpaBackend
+
+from tests.unit.engine.helpers import paged_decode, prefill_seqs, rel_err, scattered_paged_cache
+
+BF16 = torch.bfloat16
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The kernels must build on the test machine: a failed build fails, never skips."""
+    assert cpu_ops.load(), cpu_ops.unavailable_reason()
+    return torch.ops.bucketserve
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance between two bf16 tensors in units of the last place (same signs)."""
+    ia, ib = a.view(torch.int16).int(), b.view(torch.int16).int()
+    return int((ia - ib).abs().max())
+
+
+@pytest.mark.parametrize("rows", [1, 16, 100])
+def test_rms_norm_bf16_rounds_like_transformers(kernels, rows):
+    norm = RMSNorm(576, 1e-5).to(BF16)
+    torch.nn.init.normal_(norm.weight)
+    x = (4 * torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))).to(BF16)
+    ours = kernels.rms_norm(x, norm.weight.detach(), norm.eps)
+    assert ours.dtype == BF16
+    assert ulps(ours, norm(x).detach()) <= 1  # float32 sums in another order: at most 1 ulp
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_silu_and_mul_bf16_rounds_like_transformers(kernels, rows):
+    x = (8 * torch.randn(rows, 2 * 96, generator=torch.Generator().manual_seed(rows))).to(BF16)
+    gate, up = x.chunk(2, dim=-1)
+    ours = kernels.silu_and_mul(x)
+    assert ours.dtype == BF16 and ulps(ours, F.silu(gate) * up) <= 1
+
+
+def test_rope_and_store_kv_bf16(kernels):
+    tokens, heads, kv_heads, dim = 37, 6, 2, 16
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(BF16)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k = q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)  # strided views
+    v = v.view(tokens, kv_heads, dim)
+    angles = 20 * torch.rand(tokens, dim, generator=gen)
+    cos, sin = angles.cos().to(BF16), angles.sin().to(BF16)
+    # float32 math on the bf16 inputs, rounded once: what the kernel promises
+    ref_q = apply_rope(q.float(), cos.float()[:, None], sin.float()[:, None]).to(BF16)
+    ref_k = apply_rope(k.float(), cos.float()[:, None], sin.float()[:, None]).to(BF16)
+    ref_kc = torch.zeros(20, 4, kv_heads, dim, dtype=BF16)
+    ref_vc = torch.zeros_like(ref_kc)
+    slots = torch.randperm(80, generator=gen)[:tokens]
+    store_kv(ref_k, v, ref_kc, ref_vc, slots)
+    k_cache, v_cache = torch.zeros_like(ref_kc), torch.zeros_like(ref_vc)
+    kernels.rope_and_store_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
+    assert ulps(q, ref_q) <= 1 and ulps(k, ref_k) <= 1 and ulps(k_cache, ref_kc) <= 1
+    assert torch.equal(v_cache, ref_vc)  # v is copied as is
+
+
+@pytest.mark.parametrize(
+    "lengths, heads, kv_heads, block",
+    [([1], 4, 4, 4), ([5, 1, 17, 64, 3], 6, 2, 4), ([200, 7], 8, 1, 16), ([9] * 12, 9, 3, 16)],
+)
+def test_paged_attention_bf16_matches_float32_sdpa(kernels, lengths, heads, kv_heads, block):
+    gen = torch.Generator().manual_seed(len(lengths))
+    k_cache, v_cache, tables = scattered_paged_cache(lengths, block, kv_heads, 32, gen, 64)
+    q = torch.randn(len(lengths), heads, 32, generator=gen)
+    k_cache, v_cache, q = k_cache.to(BF16), v_cache.to(BF16), q.to(BF16)
+    ours = paged_decode(CpuPagedBackend(), q, k_cache, v_cache, tables, lengths)
+    # the same bf16 inputs attended in float32, rounded once
+    ref = paged_decode(SdpaBackend(), q.float(), k_cache.float(), v_cache.float(), tables, lengths)
+    assert ours.dtype == BF16 and ulps(ours, ref.to(BF16)) <= 2
+
+
+def test_kernels_reject_mixed_dtypes(kernels):
+    k_cache = torch.zeros(4, 4, 1, 8, dtype=BF16)
+    with pytest.raises(RuntimeError, match="k_cache must be Float like the other inputs"):
+        kernels.paged_attention_decode(torch.zeros(1, 2, 8), k_cache, k_cache,
+                                       torch.tensor([[0]]), torch.tensor([1]), 1.0)  # fmt: skip
+    with pytest.raises(RuntimeError, match="weight must be BFloat16 like the other inputs"):
+        kernels.rms_norm(torch.zeros(2, 8, dtype=BF16), torch.ones(8), 1e-5)
+    with pytest.raises(RuntimeError, match="x must be float32 or bfloat16, got Half"):
+        kernels.silu_and_mul(torch.zeros(2, 8, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("model", ["dummy:tiny", "dummy:tiny-qwen3"])
+def test_bf16_runner_with_kernels_matches_its_eager_reference(model):
+    """bf16 fast path (C++ kernels, fused oneDNN bf16 linears) against the bf16 HF layout."""
+    prompts = [list(range(10, 10 + n)) for n in (1, 4, 9, 30)]
+    logits = {}
+    for fast in (True, False):
+        config = EngineConfig(model=model, device="cpu", dtype="bfloat16", num_blocks=64,
+                              block_size=4, optimize_weights=fast,
+                              attention="auto" if fast else "sdpa")  # fmt: skip
+        runner = ModelRunner(config)
+        assert runner.pool.dtype == BF16
+        assert (runner.linear_impl, runner.elementwise_impl, runner.attention_backend) == (
+            ("onednn", "cpp", "cpu_paged") if fast else ("torch", "torch", "sdpa")
+        )
+        bm = BlockManager(runner.num_blocks, runner.block_size)
+        seqs = prefill_seqs(runner, bm, prompts)
+        prefill = runner.prefill_logits(seqs)
+        for seq in seqs:
+            seq.append_token(7)
+            bm.ensure_slot(seq)
+        logits[fast] = (prefill, runner.decode_logits(seqs))
+        runner.close()
+    for ours, ref in zip(logits[True], logits[False], strict=True):
+        assert ours.dtype == torch.float32  # logits (and sampling) stay float32
+        assert rel_err(ours, ref) < 3e-2  # bf16 keeps ~3 significant digits per op
+
+
+def test_auto_picks_bf16_only_on_cpus_with_native_bf16(monkeypatch):
+    monkeypatch.setattr(engine_config, "cpu_bf16_flags", lambda: ("avx512_bf16",))
+    assert auto_dtype(CPU) == (BF16, "the CPU has avx512_bf16")
+    assert resolve_dtype("auto", CPU) == BF16
+    assert dtype_reason("auto", CPU) == "auto: the CPU has avx512_bf16"
+    monkeypatch.setattr(engine_config, "cpu_bf16_flags", lambda: ())  # e.g. Zen 3, Ice Lake
+    assert auto_dtype(CPU) == (torch.float32, "the CPU lacks avx512_bf16 and amx_bf16")
+    assert resolve_dtype("auto", CPU) == torch.float32
+    assert resolve_dtype("bfloat16", CPU) == BF16  # an explicit dtype overrides
+    assert dtype_reason("float32", CPU) == "--dtype float32"
+    assert resolve_dtype("auto", torch.device("cuda", 0)) == BF16
+
+
+def test_auto_on_cpu_logs_its_choice(monkeypatch, caplog):
+    monkeypatch.setattr(engine_config, "cpu_bf16_flags", lambda: ())
+    with caplog.at_level("INFO", logger="bucketserve.engine.runner"):
+        runner = ModelRunner(EngineConfig(model="dummy:tiny", device="cpu", num_blocks=8))
+    try:
+        assert runner.dtype == torch.float32 and runner.pool.dtype == torch.float32
+        assert "dtype float32 (auto: the CPU lacks avx512_bf16" in caplog.text
+        assert "cpu float32 (auto: the CPU lacks" in runner.describe()
+    finally:
+        runner.close()
+
+
+def test_bf16_pool_holds_twice_the_blocks():
+    blocks = {}
+    for dtype in ("float32", "bfloat16"):
+        runner = ModelRunner(EngineConfig(model="dummy:tiny", device="cpu", dtype=dtype,
+                                          kv_cache_gb=0.01))  # fmt: skip
+        blocks[dtype] = runner.num_blocks
+        assert runner.pool.dtype == getattr(torch, dtype)
+        runner.close()
+    assert blocks["bfloat16"] // 2 == blocks["float32"]  # twice, less the odd rounding
