@@ -9,13 +9,13 @@ import torch.nn.functional as F
 from bucketserve.engine import config as engine_config
 from bucketserve.engine import cpu_ops
 from bucketserve.engine.attention import store_kv
+from bucketserve.engine.attention.cpu_paged import CpuPagedBackend
+from bucketserve.engine.attention.sdpa import SdpaBackend
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.config import EngineConfig, auto_dtype, dtype_reason, resolve_dtype
-from bucketserve.engine.cpu_attention import CpuPagedBackend
 from bucketserve.engine.model import RMSNorm
 from bucketserve.engine.rope import apply_rope
 from bucketserve.engine.runner import ModelRunner
-from bucketserve.engine.sdpa_attention import SdpaBackend
 
 from tests.unit.engine.helpers import paged_decode, prefill_seqs, rel_err, scattered_paged_cache
 

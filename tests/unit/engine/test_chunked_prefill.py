@@ -18,7 +18,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 @pytest.fixture(scope="module", params=["cpu_paged", "sdpa"])
 def runner(request):
-    r = ModelRunner(EngineConfig(model="dummy:tiny", device="cpu", num_blocks=128,
+    r = ModelRunner(EngineConfig(model="dummy:tiny", device="cpu", dtype="float32", num_blocks=128,
                                  block_size=8, attention=request.param))  # fmt: skip
     yield r
     r.close()

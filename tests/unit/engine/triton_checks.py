@@ -96,7 +96,7 @@ def chunked_tokens() -> dict:
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     outs, mixed = [], []
     for attention, chunk in (("triton", 8), ("auto", 4096)):
-        config = EngineConfig(model="dummy:tiny", device="cpu", num_blocks=64, block_size=16,
+        config = EngineConfig(model="dummy:tiny", device="cpu", dtype="float32", num_blocks=64, block_size=16,
                               attention=attention)  # fmt: skip
         engine = LLMEngine(config, chunk_tokens=chunk)
         outs.append(engine.generate(prompts, params))
