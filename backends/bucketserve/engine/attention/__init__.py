@@ -2,7 +2,7 @@
 
 `base` holds what they share (metadata, KV store, the mixed decode + prefill-chunk forward);
 one module per backend: `flash` (flash-attn, GPU), `triton_paged` (Triton paged decode, GPU or
-interpreted), `cpu_paged` (C++ paged decode, CPU float32) and `sdpa` (torch SDPA, anywhere).
+interpreted), `cpu_paged` (C++ paged decode, CPU float32 or bfloat16) and `sdpa` (torch SDPA, anywhere).
 Backend modules import `base`, never this module, so there is no import circle.
 """
 
