@@ -15,7 +15,10 @@ from tests.parity.conftest import EOS_TOKEN_ID
 
 pytestmark = [
     pytest.mark.parity,
-    pytest.mark.skipif(not cpu_bf16_flags(), reason="the CPU has no native bf16"),
+    pytest.mark.skipif(
+        not cpu_bf16_flags(),
+        reason="the CPU has no native bf16 (runs on CPUs with avx512_bf16 or amx_bf16, e.g. this VM)",
+    ),
 ]
 MAX_PERPLEXITY_DELTA = 0.01  # |bf16 / fp32 - 1|; measured -0.02 %
 
