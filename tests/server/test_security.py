@@ -1,10 +1,13 @@
 """Only the public API is public, on a real `bucketserve serve --api-key K --admin-key A`:
 internal models absent, Triton's admin APIs closed without the admin key over the edge and over
-Triton's gRPC port, the API key required on v2, OpenAI and gRPC (docs/security.md)."""
+Triton's gRPC port, the API key required on v2, OpenAI and gRPC, internal models refusing
+messages they did not seal (docs/security.md)."""
 
 from __future__ import annotations
 
+import json
 import queue
+import time
 
 import numpy as np
 import openai
@@ -12,6 +15,8 @@ import psutil
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
+from bucketserve.serving.contract import GenerateParams
+from bucketserve.serving.messages import Handoff, PrefillBatch, encode
 from bucketserve.serving.serve_process import ServeProcess, free_port
 from tritonclient.utils import InferenceServerException
 
@@ -31,6 +36,8 @@ OPENAI_PORT = free_port()
 def svc(tmp_path_factory):
     sp = ServeProcess(tmp_path_factory.mktemp("security") / "run", "--kv-cache-gb", "0.5",
                       "--max-model-len", "2048", "--openai-port", str(OPENAI_PORT),
+                      # two decode instances: `decode_router` exists only with several
+                      "--decode-devices", "cpu", "--decode-devices", "cpu",
                       "--api-key", API_KEY, "--admin-key", ADMIN_KEY)  # fmt: skip
     sp.start()
     try:
@@ -57,7 +64,10 @@ def grpc_generate(svc, headers: dict | None) -> tuple[str, str]:
     )
     text, error = "", ""
     try:
-        client.async_stream_infer("bucketserve", inputs, enable_empty_final_response=True)
+        try:
+            client.async_stream_infer("bucketserve", inputs, enable_empty_final_response=True)
+        except InferenceServerException:  # a refused stream may close before this; the
+            pass  # refusal itself comes through the callback
         while True:
             result, err = answers.get(timeout=60)
             if err is not None:
@@ -159,3 +169,111 @@ def test_triton_http_listens_on_loopback_only(svc):
     ports = {c.laddr.port: c.laddr.ip for c in triton.net_connections("tcp") if c.status == "LISTEN"}  # fmt: skip
     http_port = int(next(a for a in args if a.startswith("--http-port=")).split("=")[1])
     assert ports[http_port] == "127.0.0.1" and http_port != svc.http_port
+
+
+def infer_internal(svc, model: str, inputs: dict, decoupled: bool) -> tuple[list, str]:
+    """One direct gRPC call of an internal model, as a client with the API key could make it:
+    (the responses' output tensors, the error text)."""
+    tensors = []
+    for name, arr in inputs.items():
+        t = grpcclient.InferInput(
+            name, list(arr.shape), "BYTES" if arr.dtype == object else "INT32"
+        )
+        t.set_data_from_numpy(arr)
+        tensors.append(t)
+    client = grpcclient.InferenceServerClient(svc.grpc_url)
+    outs, error = [], ""
+    try:
+        if not decoupled:
+            try:
+                r = client.infer(model, tensors, headers=GRPC_AUTH)
+                outs.append({o.name: r.as_numpy(o.name) for o in r.get_response().outputs})
+            except InferenceServerException as e:
+                error = str(e)
+            return outs, error
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)),
+                            headers=GRPC_AUTH)  # fmt: skip
+        client.async_stream_infer(model, tensors, enable_empty_final_response=True)
+        while True:
+            res, err = answers.get(timeout=120)
+            if err is not None:
+                return outs, str(err)
+            resp = res.get_response()
+            if resp.outputs:
+                outs.append({o.name: res.as_numpy(o.name) for o in resp.outputs})
+            if resp.parameters["triton_final_response"].bool_param:
+                return outs, error
+    finally:
+        if decoupled:
+            client.stop_stream()
+        client.close()
+
+
+def prefill_free_blocks(svc) -> tuple[float, float]:
+    """(free, total) KV blocks of prefill0, from its gauges (updated every 0.25 s)."""
+    text = requests.get(svc.metrics_url, timeout=10).text
+    values = {}
+    for kind in ("free", "total"):
+        line = next(ln for ln in text.splitlines()
+                    if ln.startswith(f"bucketserve_kv_blocks_{kind}{{") and 'instance="prefill0"' in ln)  # fmt: skip
+        values[kind] = float(line.rsplit(" ", 1)[1])
+    return values["free"], values["total"]
+
+
+def bytes_of(raw: bytes) -> np.ndarray:
+    return np.array([raw], dtype=np.object_)
+
+
+def test_internal_models_refuse_messages_they_did_not_seal(svc):
+    """Direct gRPC calls with well-formed messages built with the project's own classes (and,
+    for decode, the real pool handle the prefill instance published) are refused before any
+    work: no prefill block is taken, nothing answers with a pool name."""
+    ids, lens = np.arange(1, 65, dtype=np.int32), np.asarray([64], dtype=np.int32)
+    params = GenerateParams(request_id="x", num_input_tokens=64)
+    handoff = Handoff("generate", params, prompt_ids=ids.tolist(), first_token=5,
+                      prefill_index=0, handoff_id=0, block_ids=[0, 1, 2, 3])  # fmt: skip
+    pool = (svc.run_dir / "kv" / "prefill0.json").read_text()  # what a message used to carry
+    old_style = json.dumps({**json.loads(encode(handoff)), "pool": pool}).encode()
+    forged_seal = b"bs1:" + b"0" * 32 + b":" + encode(handoff)
+    calls = [
+        (
+            "prefill_0",
+            {
+                "input_ids": ids,
+                "seq_lens": lens,
+                "sampling": bytes_of(encode(PrefillBatch.of([params]))),
+            },
+            False,
+        ),  # fmt: skip
+        ("scheduler", {"_input_ids": ids, "_params": bytes_of(encode(params))}, True),
+        *[
+            (m, {"_handoff": bytes_of(raw)}, True)
+            for m in ("decode_0", "decode_router")
+            for raw in (encode(handoff), old_style, forged_seal)
+        ],  # fmt: skip
+    ]
+    before = prefill_free_blocks(svc)  # an earlier test's hand-off may still hold a block
+    for model, inputs, decoupled in calls:
+        outs, error = infer_internal(svc, model, inputs, decoupled)
+        assert outs == [] and "refused: not a message from this server" in error, (model, error)
+        assert "bs_" not in error and "/dev/shm" not in error
+    time.sleep(1.0)  # two gauge periods
+    after = prefill_free_blocks(svc)  # a prefill of the 64 tokens would hold 4 blocks for 30 s
+    assert after[1] == before[1] and after[0] >= before[0], (before, after)
+
+
+def test_the_public_first_step_discloses_no_pool(svc):
+    """`preprocessing` is the `bucketserve` ensemble's first step, so a client can call it (a
+    Triton ensemble step sees only client inputs); what it and the scheduler then answer names
+    no pool, and the hand-off is the one the ensemble would pass on: decode_router serves it."""
+    inputs = {"text_input": bytes_of(b"The capital of France is"),
+              "max_tokens": np.asarray([4], dtype=np.int32)}  # fmt: skip
+    (pre,), error = infer_internal(svc, "preprocessing", inputs, False)
+    assert not error
+    sched, error = infer_internal(svc, "scheduler", pre, True)
+    assert not error and len(sched) == 1
+    raw = sched[0]["_handoff"].reshape(-1)[0]
+    assert b"bs_" not in raw and b"pool" not in raw and b"handoff_table" not in raw
+    outs, error = infer_internal(svc, "decode_router", sched[0], True)
+    assert not error and "".join(o["text_output"].reshape(-1)[0].decode() for o in outs)

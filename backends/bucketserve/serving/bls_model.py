@@ -17,7 +17,7 @@ from bucketserve.serving.bls_stream import KEEPER
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import INPUT_NAMES, GenerateParams
 from bucketserve.serving.guarded_sender import GuardedSender
-from bucketserve.serving.handoff import KIND_GENERATE, Handoff
+from bucketserve.serving.messages import KIND_GENERATE, Handoff, open_message, seal_message
 from bucketserve.serving.router_model import StepError, broadcast_stop, call, relay
 from bucketserve.serving.triton_io import bytes_tensor, model_parameter, route_logging
 
@@ -27,8 +27,10 @@ WATCH_INTERVAL_S = 0.1
 
 def stop_request(request_id: str, num_decode: int) -> None:
     """What the ensemble gets from `stop: true`: drop it from the queue, stop its decoding."""
-    params = bytes_tensor("_params", GenerateParams(request_id=request_id, stop=True).to_json())
-    ids = pb_utils.Tensor("_input_ids", np.zeros(0, dtype=np.int32))
+    ids = np.zeros(0, dtype=np.int32)
+    stop = GenerateParams(request_id=request_id, stop=True)
+    params = bytes_tensor("_params", seal_message(stop, ids.tobytes()))
+    ids = pb_utils.Tensor("_input_ids", ids)
     for resp in call("scheduler", [ids, params], ["_handoff"]):
         handoff = pb_utils.get_output_tensor_by_name(resp, "_handoff")
         broadcast_stop(range(num_decode), handoff.as_numpy())
@@ -101,7 +103,7 @@ class BlsModel:
         raw = None
         for resp in call("scheduler", pre.output_tensors(), ["_handoff"], sender.barrier):
             raw = pb_utils.get_output_tensor_by_name(resp, "_handoff").as_numpy()
-        handoff = Handoff.from_json(raw.reshape(-1)[0])
+        handoff = open_message(Handoff, raw.reshape(-1)[0])
         # the decode instance the scheduler placed it on (a cancelled hand-off: any answers)
         index = handoff.decode_index if handoff.kind == KIND_GENERATE else 0
         relay(index, raw, sender, self.batch if self.batched else None, label=rid)

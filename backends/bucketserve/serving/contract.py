@@ -8,8 +8,7 @@ Both stock conventions are accepted: TensorRT-LLM's (`[1, 1]` tensors, `end_id`,
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -89,31 +88,9 @@ OUTPUT_NAMES = tuple(name for name, _ in OUTPUTS)
 # decoupled BLS stream until the stream ends (`ResponseIterator::responses_`, python_backend
 # src/pb_response_iterator.cc), so a relay held seven tensors per streamed token of every
 # request in flight (`perf/reliability/stream_memory.py`, 32 streams of 128 tokens: `bucketserve_bls` +42
-# MB, +7.5 MB packed). A relay asks decode for this output only and sends the user outputs.
+# MB, +7.5 MB packed). A relay asks decode for this output only (serving/messages.py:
+# PackedDelta) and sends the user outputs.
 PACKED_OUTPUT = "_delta"
-
-
-@dataclass(slots=True, frozen=True)
-class PackedDelta:
-    """What one decode response says: the user outputs before they become tensors."""
-
-    text: str
-    finish_reason: str
-    num_input_tokens: int
-    num_output_tokens: int
-    logprobs: list = field(default_factory=list)  # vLLM-style entries, one per token
-    cum_logprob: float = 0.0
-    num_cached_tokens: int = 0
-
-    def to_json(self) -> str:
-        return json.dumps([self.text, self.finish_reason, self.num_input_tokens,
-                           self.num_output_tokens, self.logprobs, self.cum_logprob,
-                           self.num_cached_tokens])  # fmt: skip
-
-    @classmethod
-    def from_json(cls, raw: bytes | str) -> PackedDelta:
-        text, reason, n_in, n_out, entries, cum, cached = json.loads(raw)
-        return cls(text, reason, int(n_in), int(n_out), entries, float(cum), int(cached))
 
 
 def input_declarations() -> str:
@@ -133,7 +110,7 @@ def output_declarations() -> str:
 
 @dataclass(slots=True)
 class GenerateParams:
-    """One generation request after validation; travels as JSON between the Triton models."""
+    """One generation request after validation (travels between the models: serving/messages.py)."""
 
     request_id: str = ""
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -156,17 +133,6 @@ class GenerateParams:
     def max_tokens(self) -> int:
         """The generation budget (lives in the sampling record)."""
         return self.sampling.max_tokens
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> GenerateParams:
-        return cls.from_dict(json.loads(text))
-
-    @classmethod
-    def from_dict(cls, obj: dict) -> GenerateParams:
-        return cls(**{**obj, "sampling": SamplingParams(**obj.get("sampling", {}))})
 
 
 def scalar(arr: np.ndarray | None, name: str, kind: type):

@@ -11,20 +11,28 @@ import triton_python_backend_utils as pb_utils
 from bucketserve.kv.names import shm_name
 from bucketserve.kv.stats import StatsBlock
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.contract import PACKED_OUTPUT, PackedDelta
+from bucketserve.serving.contract import PACKED_OUTPUT
 from bucketserve.serving.decode_stream import Delta
 from bucketserve.serving.decode_worker import DecodeWorker
 from bucketserve.serving.engine_glue import build_runner
 from bucketserve.serving.guarded_sender import GuardedSender
-from bucketserve.serving.handoff import KIND_GENERATE, KIND_STOP, Handoff
+from bucketserve.serving.messages import (
+    KIND_GENERATE,
+    KIND_STOP,
+    Handoff,
+    MessageError,
+    PackedDelta,
+    encode,
+    open_message,
+)
 from bucketserve.serving.metrics import DecodeMetrics, KvMetrics, PrefixCacheMetrics, RequestMetrics
 from bucketserve.serving.model_info import load_tokenizer, model_info
 from bucketserve.serving.notify import FinishNotifier, socket_path
 from bucketserve.serving.relay import Client, ResponseRelay, merge
 from bucketserve.serving.repository import model_index
 from bucketserve.serving.triton_io import (
+    bytes_input,
     bytes_tensor,
-    json_input,
     model_parameter,
     route_logging,
     user_tensors,
@@ -39,7 +47,7 @@ def response(text: str, reason: str, n_in: int, n_out: int, logprobs=None, packe
     """One response: the user outputs, or (a relay asked for it) the one packed tensor."""
     entries, cum = logprobs or ([], 0.0)
     d = PackedDelta(text, reason, n_in, n_out, entries, cum, num_cached)
-    tensors = [bytes_tensor(PACKED_OUTPUT, d.to_json())] if packed else user_tensors(d)
+    tensors = [bytes_tensor(PACKED_OUTPUT, encode(d))] if packed else user_tensors(d)
     return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
@@ -72,6 +80,7 @@ class DecodeModel:
             max_batch=cfg.max_decode_batch,
             watermark=cfg.scheduler_config(runner.model_config.max_model_len).watermark,
             token_budget=cfg.iteration_tokens if cfg.is_colocated else cfg.max_prefill_tokens,
+            run=cfg,
         )
         self.stream_interval_s = cfg.stream_interval_s
         self.worker.publish()
@@ -94,13 +103,11 @@ class DecodeModel:
                 request.get_response_sender(),
                 packed=PACKED_OUTPUT in request.requested_output_names(),
             )
-            try:
-                handoff = Handoff.from_json(json_input(request, "_handoff"))
-            except Exception as e:
+            try:  # refused before any work unless the scheduler (this run) wrote it
+                handoff = open_message(Handoff, bytes_input(request, "_handoff"))
+            except MessageError as e:
                 sender.send(
-                    pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(f"decode: bad hand-off: {e}")
-                    ),
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(f"decode: {e}")),
                     flags=FINAL,
                 )
                 continue

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from bucketserve.serving.detok import TextStream
-from bucketserve.serving.handoff import Handoff
+from bucketserve.serving.messages import Handoff
 
 
 @dataclass(slots=True)

@@ -11,11 +11,12 @@ import time
 from bucketserve.engine.scheduler import BatchLimits, ScheduledStep, Scheduler, StepResult
 from bucketserve.engine.sequence import Sequence, check_stop
 from bucketserve.scheduling.memory import capacity_message
+from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.decode_stream import Delta, Stream
 from bucketserve.serving.detok import TextStream, logprob_entry
 from bucketserve.serving.engine_glue import logprob_list, publish_stats
-from bucketserve.serving.handoff import Handoff
 from bucketserve.serving.kv_intake import KvIntake
+from bucketserve.serving.messages import Handoff
 
 IDLE_WAIT_S = 0.01
 
@@ -35,7 +36,7 @@ class DecodeWorker:
 
     def __init__(self, runner, blocks, tokenizer, stats, outbox: queue.Queue, timeout_s: float,
                  max_batch: int = 256, watermark: float = 0.01,
-                 token_budget: int = 4096) -> None:  # fmt: skip
+                 token_budget: int = 4096, run: ServeConfig | None = None) -> None:  # fmt: skip
         self.runner, self.blocks, self.stats, self.outbox = runner, blocks, stats, outbox
         self.tokenizer, self.timeout_s = tokenizer, timeout_s
         mc = runner.model_config
@@ -46,7 +47,7 @@ class DecodeWorker:
         self.cancelled: set[int] = set()
         self.cancel_lock = threading.Lock()
         self.streams: dict[int, Stream] = {}  # key (= seq_id) -> stream, until FINAL
-        self.intake = KvIntake(runner)
+        self.intake = KvIntake(runner, run)  # run: where the prefill pools are
         self.num_received = 0
         self.stopping = False
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.front.allowlist import ADMIN_GROUPS, ADMIN_HEADER, API_KEY_HEADER
+from bucketserve.serving.messages import RUN_SECRET_ENV, new_run_secret
 from bucketserve.serving.ports import Port, check_free, triton_port_error
 from bucketserve.serving.procs import (
     RUN_CONFIG_ENV,
@@ -112,17 +113,20 @@ class TritonServer:
         install = find_triton()
         repo = render(self.cfg, self.run_dir)
         backends = assemble_backends(install, self.run_dir)
-        env = server_env(install, {RUN_CONFIG_ENV: str(self.run_dir / "run_config.json")})
+        env = server_env(install, {
+            RUN_CONFIG_ENV: str(self.run_dir / "run_config.json"),
+            RUN_SECRET_ENV: new_run_secret(),  # seals the internal messages of this start
+        })  # fmt: skip
         if self.log_path.exists():  # a restart keeps the log of the server that died
             self.log_path.replace(self.log_path.with_suffix(".log.prev"))
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            self.command(repo, backends, install.server_bin),
+            # a killed launcher takes its server with it
+            die_with_parent(self.command(repo, backends, install.server_bin)),
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=die_with_parent,  # a killed launcher takes its server with it
         )
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:

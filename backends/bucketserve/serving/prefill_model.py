@@ -7,7 +7,6 @@ expires, so a shared block stays put while any hand-off or later request still r
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -21,10 +20,18 @@ from bucketserve.kv.names import shm_name
 from bucketserve.kv.stats import StatsBlock
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.engine_glue import build_runner, logprob_list, new_sequence, publish_stats
-from bucketserve.serving.handoff import PrefillReply, PrefillResult, sampling_rows
+from bucketserve.serving.kv_intake import publish_pool
+from bucketserve.serving.messages import (
+    MessageError,
+    PrefillBatch,
+    PrefillReply,
+    PrefillResult,
+    encode,
+    open_message,
+)
 from bucketserve.serving.metrics import KvMetrics, PrefixCacheMetrics, instance_finished
 from bucketserve.serving.repository import model_index
-from bucketserve.serving.triton_io import bytes_tensor, model_parameter
+from bucketserve.serving.triton_io import array_input, bytes_input, bytes_tensor, model_parameter
 
 RECLAIM_INTERVAL_S = 0.02
 GAUGE_INTERVAL_S = 0.25
@@ -47,6 +54,7 @@ class PrefillWorker:
         self.stats = StatsBlock.create(shm_name(cfg.run_id, "prefill", index, "st"))
         self.lock = threading.Lock()
         self.publish()
+        publish_pool(cfg, index, self.runner.pool_handle)  # decode opens it by our index
 
     def publish(self) -> None:
         publish_stats(self.stats, self.runner, self.blocks, 0, 0, self.table.num_pending)
@@ -95,13 +103,7 @@ class PrefillWorker:
             for tok, lp, s in zip(first.tokens, first.logprobs, seqs, strict=True)
         ]
         self.publish()
-        return PrefillReply(
-            self.index,
-            self.runner.pool_handle.to_json(),
-            self.table_name,
-            results,
-            time.perf_counter() - start,
-        )
+        return PrefillReply(self.index, results, time.perf_counter() - start)
 
     def admit(self, seqs: list) -> None:
         """Each sequence's table: its cached prefix, then new blocks; all or none (pool full)."""
@@ -169,16 +171,18 @@ class PrefillModel:
         return [self.one(r) for r in requests]
 
     def one(self, request):
+        try:  # refused before any block is taken unless the scheduler (this run) wrote it
+            ids = array_input(request, "input_ids", np.int32)
+            lens = array_input(request, "seq_lens", np.int32)
+            raw = bytes_input(request, "sampling")
+            batch = open_message(PrefillBatch, raw, ids.tobytes(), lens.tobytes())
+        except MessageError as e:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"prefill: {e}"))
+        rows = batch.sampling
         try:
-            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
-            lens = pb_utils.get_input_tensor_by_name(request, "seq_lens").as_numpy().reshape(-1)
-            raw = pb_utils.get_input_tensor_by_name(request, "sampling").as_numpy().reshape(-1)[0]
-            rows = sampling_rows(raw)
-            salts = pb_utils.get_input_tensor_by_name(request, "cache_salts")
-            salts = json.loads(salts.as_numpy().reshape(-1)[0]) if salts is not None else None
             self.finished.increment(len(rows))  # its requests are done here, whatever happens
             start = time.time()
-            reply = self.worker.run(ids, lens, rows, salts)
+            reply = self.worker.run(ids, lens, rows, batch.cache_salts)
             # wall-clock span of each batch: shows (and lets tests check) batches overlapping
             pb_utils.Logger.log_info(
                 f"prefill{self.worker.index} batch seqs={len(rows)} tokens={int(lens.sum())} "
@@ -186,7 +190,7 @@ class PrefillModel:
             )
         except Exception as e:  # the scheduler turns this into per-request errors
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"prefill failed: {e}"))
-        return pb_utils.InferenceResponse(output_tensors=[bytes_tensor("result", reply.to_json())])
+        return pb_utils.InferenceResponse(output_tensors=[bytes_tensor("result", encode(reply))])
 
     def finalize(self) -> None:
         self.stop_event.set()

@@ -17,9 +17,10 @@ from bucketserve.serving.contract import (
     parse_params,
     text_input,
 )
+from bucketserve.serving.messages import seal_message
 from bucketserve.serving.model_info import load_tokenizer, model_info
 from bucketserve.serving.overload import prompt_byte_limit
-from bucketserve.serving.triton_io import model_parameter, read_inputs
+from bucketserve.serving.triton_io import bytes_tensor, model_parameter, read_inputs
 
 
 class Preprocessor:
@@ -74,10 +75,11 @@ class PreprocessModel:
             ids, params = self.pre(read_inputs(request, INPUT_NAMES), request.request_id())
         except ValueError as e:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
+        ids = np.asarray(ids, dtype=np.int32)
         return pb_utils.InferenceResponse(
             output_tensors=[
-                pb_utils.Tensor("_input_ids", np.asarray(ids, dtype=np.int32)),
-                pb_utils.Tensor("_params", np.array([params.to_json().encode()], dtype=np.object_)),
+                pb_utils.Tensor("_input_ids", ids),
+                bytes_tensor("_params", seal_message(params, ids.tobytes())),
             ]
         )
 

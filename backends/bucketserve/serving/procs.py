@@ -14,6 +14,7 @@ import glob
 import os
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,9 +40,25 @@ def become_subreaper() -> None:
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
-def die_with_parent() -> None:
-    """Popen preexec_fn: the child gets SIGKILL when the thread that started it exits."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+# Runs in the child, before it becomes the real program: set the death signal, then make sure
+# the parent did not die before that (the signal would never come), then exec in place (same pid).
+_DIE_WITH_PARENT_PY = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"  # PR_SET_PDEATHSIG, SIGKILL
+    "os.getppid() == int(sys.argv[1]) or os._exit(137)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def die_with_parent(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGKILL when the thread that starts it exits.
+
+    Through a small exec wrapper, not a Popen `preexec_fn`: Python code between fork and exec
+    in a process with other threads can crash or deadlock the child (seen: tritonserver
+    "exited (-11)" with an empty log, started by a test process whose gRPC client threads
+    were busy). PR_SET_PDEATHSIG survives the exec; the pid stays the child's.
+    """
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT_PY, str(os.getpid()), *argv]
 
 
 # Reads the stub's parent from /proc: a pid number alone could be reused by a new process.

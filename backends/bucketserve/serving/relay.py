@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bucketserve.serving.decode_stream import Delta
-from bucketserve.serving.handoff import Handoff
+from bucketserve.serving.messages import Handoff
 
 EARLY_STOP_TTL_S = 60.0
 

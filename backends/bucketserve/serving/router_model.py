@@ -19,7 +19,7 @@ from bucketserve.serving.bls_stream import KEEPER, decoupled_responses
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import PACKED_OUTPUT
 from bucketserve.serving.guarded_sender import GuardedSender
-from bucketserve.serving.handoff import KIND_GENERATE, KIND_STOP, Handoff
+from bucketserve.serving.messages import KIND_GENERATE, KIND_STOP, Handoff, open_message
 from bucketserve.serving.triton_io import (
     model_parameter,
     packed_delta,
@@ -129,7 +129,7 @@ class RouterModel:
         try:
             if raw is None:
                 raise ValueError("missing input _handoff")
-            handoff = Handoff.from_json(raw.reshape(-1)[0])
+            handoff = open_message(Handoff, raw.reshape(-1)[0])  # refused unless sealed here
             if handoff.kind == KIND_STOP:  # decode_0 answers it below
                 broadcast_stop(range(1, self.num_decode), raw, sender.barrier)
             index = handoff.decode_index if handoff.kind == KIND_GENERATE else 0

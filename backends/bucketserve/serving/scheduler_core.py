@@ -35,7 +35,7 @@ from bucketserve.scheduling import ClusterView, PrefillBatch, RequestMeta
 from bucketserve.scheduling.memory import capacity_message
 from bucketserve.scheduling.prefix_index import PrefixIndex, by_affinity
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.handoff import KIND_CANCELLED, KIND_GENERATE, KIND_STOP, Handoff
+from bucketserve.serving.messages import KIND_CANCELLED, KIND_GENERATE, KIND_STOP, Handoff
 
 ERROR_BACKOFF_S = 0.5  # after an unexpected error, before the loop tries again
 INTAKE_TIMEOUT_S = 5.0  # colocated: a batch not taken in by then (instance restarted) is forgotten
@@ -316,8 +316,7 @@ class SchedulerCore:
         for item, res, meta in zip(items, reply.results, batch.requests, strict=True):
             self.send_handoff(item.sender, Handoff(
                 KIND_GENERATE, item.params, prompt_ids=item.ids, first_token=res.first_token,
-                prefill_index=reply.index, decode_index=decode_index, pool=reply.pool,
-                handoff_table=reply.handoff_table, handoff_id=res.handoff_id,
+                prefill_index=reply.index, decode_index=decode_index, handoff_id=res.handoff_id,
                 block_ids=res.block_ids, arrival_s=item.arrival_s, prefill_done_s=done,
                 sched_key=meta.request_id, first_logprob=res.logprob,
                 num_cached_tokens=res.num_cached_tokens,

@@ -13,25 +13,34 @@ from bucketserve.scheduling.prefix_index import PrefixIndex
 from bucketserve.serving.cluster import ClusterStats
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.handoff import (
+from bucketserve.serving.messages import (
     Handoff,
+    MessageError,
+    PrefillBatch,
     PrefillReply,
-    cache_salts_json,
-    sampling_rows_json,
+    decode,
+    open_message,
+    seal_message,
 )
 from bucketserve.serving.metrics import PlacementMetrics, SchedulerMetrics
 from bucketserve.serving.model_info import model_info
 from bucketserve.serving.notify import FinishListener, socket_path
 from bucketserve.serving.overload import Admission
 from bucketserve.serving.scheduler_core import SchedulerCore, Waiting
-from bucketserve.serving.triton_io import bytes_tensor, json_input, model_parameter, route_logging
+from bucketserve.serving.triton_io import (
+    array_input,
+    bytes_input,
+    bytes_tensor,
+    model_parameter,
+    route_logging,
+)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def send_handoff(sender, handoff: Handoff) -> None:
     response = pb_utils.InferenceResponse(
-        output_tensors=[bytes_tensor("_handoff", handoff.to_json())]
+        output_tensors=[bytes_tensor("_handoff", seal_message(handoff))]
     )
     sender.send(response, flags=FINAL)
 
@@ -45,22 +54,21 @@ def call_prefill(index: int, items: list[Waiting]) -> PrefillReply:
     """One BLS call to `prefill_<index>` (the instance the scheduler chose) with the batch."""
     ids = np.concatenate([np.asarray(i.ids, dtype=np.int32) for i in items])
     lens = np.asarray([len(i.ids) for i in items], dtype=np.int32)
-    rows = sampling_rows_json([i.params for i in items])
+    batch = PrefillBatch.of([i.params for i in items])
     request = pb_utils.InferenceRequest(
         model_name=f"prefill_{index}",
         requested_output_names=["result"],
         inputs=[
             pb_utils.Tensor("input_ids", ids),
             pb_utils.Tensor("seq_lens", lens),
-            bytes_tensor("sampling", rows),
-            bytes_tensor("cache_salts", cache_salts_json([i.params for i in items])),
+            bytes_tensor("sampling", seal_message(batch, ids.tobytes(), lens.tobytes())),
         ],
     )
     response = request.exec()
     if response.has_error():
         raise RuntimeError(response.error().message())
     out = pb_utils.get_output_tensor_by_name(response, "result").as_numpy().reshape(-1)[0]
-    return PrefillReply.from_json(out)
+    return decode(PrefillReply, out)
 
 
 class Metrics:
@@ -104,11 +112,13 @@ class SchedulerModel:
     def execute(self, requests: list) -> None:
         for request in requests:
             sender = request.get_response_sender()
-            try:
-                params = GenerateParams.from_json(json_input(request, "_params"))
-                ids = pb_utils.get_input_tensor_by_name(request, "_input_ids").as_numpy()
-            except Exception as e:
-                send_error(sender, f"scheduler: malformed request: {e}")
+            try:  # refused before any work unless preprocessing (this run) wrote it
+                ids = array_input(request, "_input_ids", np.int32)
+                params = open_message(
+                    GenerateParams, bytes_input(request, "_params"), ids.tobytes()
+                )
+            except MessageError as e:
+                send_error(sender, f"scheduler: {e}")
                 continue
             if params.stop:
                 self.core.stop(sender, params)

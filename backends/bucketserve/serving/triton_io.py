@@ -8,7 +8,8 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from bucketserve.serving.contract import PACKED_OUTPUT, PackedDelta
+from bucketserve.serving.contract import PACKED_OUTPUT
+from bucketserve.serving.messages import MessageError, PackedDelta, decode
 
 
 def model_parameter(args: dict, key: str) -> str:
@@ -34,8 +35,10 @@ def read_inputs(request, names) -> dict[str, np.ndarray]:
     return out
 
 
-def bytes_tensor(name: str, text: str) -> pb_utils.Tensor:
-    return pb_utils.Tensor(name, np.array([text.encode("utf-8")], dtype=np.object_))
+def bytes_tensor(name: str, data: str | bytes) -> pb_utils.Tensor:
+    """A BYTES [1] tensor holding `data` (text as UTF-8)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    return pb_utils.Tensor(name, np.array([raw], dtype=np.object_))
 
 
 def user_tensors(d: PackedDelta) -> list:
@@ -58,11 +61,24 @@ def user_tensors(d: PackedDelta) -> list:
 def packed_delta(response) -> PackedDelta:
     """The PACKED_OUTPUT of a decode response (contract.py: why the relay hop is packed)."""
     t = pb_utils.get_output_tensor_by_name(response, PACKED_OUTPUT)
-    return PackedDelta.from_json(t.as_numpy().reshape(-1)[0])
+    return decode(PackedDelta, t.as_numpy().reshape(-1)[0])
 
 
-def json_input(request, name: str) -> str:
-    return pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0].decode()
+def bytes_input(request, name: str) -> bytes:
+    """The one value of a BYTES input; MessageError naming it when absent or not one value."""
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    arr = t.as_numpy() if t is not None else None
+    if arr is None or arr.size != 1 or not isinstance(arr.reshape(-1)[0], bytes):
+        raise MessageError(f"{name}: expected one BYTES value")
+    return arr.reshape(-1)[0]
+
+
+def array_input(request, name: str, dtype) -> np.ndarray:
+    """A numeric input as a flat contiguous array of `dtype` (the bytes a seal is bound to)."""
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    if t is None:
+        raise MessageError(f"{name}: missing")
+    return np.ascontiguousarray(t.as_numpy().reshape(-1), dtype=dtype)
 
 
 class TritonLogHandler(logging.Handler):

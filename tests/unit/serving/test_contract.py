@@ -10,12 +10,11 @@ import pytest
 from bucketserve.serving.contract import (
     INPUTS,
     GenerateParams,
-    PackedDelta,
     input_declarations,
     output_declarations,
     parse_params,
 )
-from bucketserve.serving.handoff import Handoff, sampling_rows, sampling_rows_json
+from bucketserve.serving.messages import Handoff, PackedDelta, PrefillBatch, decode, encode
 
 
 def t(value, dtype, batched: bool = False) -> np.ndarray:
@@ -111,9 +110,10 @@ def test_record_round_trips_through_json_unchanged():
     p = parse_params(trtllm(bad_words=np.array([[b"x"]], dtype=np.object_)), 64)
     p.request_id = "r1"
     h = Handoff("generate", p, prompt_ids=[1, 2], first_logprob=[-0.5, [3], [-0.4]])
-    back = Handoff.from_json(h.to_json())
-    assert back.params == p and back.first_logprob == [-0.5, [3], [-0.4]]
-    assert sampling_rows(sampling_rows_json([p, GenerateParams()])) == [p.sampling, GenerateParams().sampling]  # fmt: skip
+    back = decode(Handoff, encode(h))
+    assert back == h and back.first_logprob == [-0.5, [3], [-0.4]]
+    batch = PrefillBatch.of([p, GenerateParams()])
+    assert decode(PrefillBatch, encode(batch)).sampling == [p.sampling, GenerateParams().sampling]
 
 
 def test_declarations_cover_the_table():
@@ -126,16 +126,16 @@ def test_declarations_cover_the_table():
 def test_packed_delta_round_trips_through_json():
     entries = [{"42": {"logprob": -0.5, "rank": 1, "decoded_token": "ü\u2028"}}]
     d = PackedDelta("héllo\u2028 wörld", "length", 7, 3, entries, -0.5, 32)
-    raw = d.to_json().encode("utf-8")  # as it travels: a BYTES tensor
-    assert PackedDelta.from_json(raw) == d
+    raw = encode(d)  # as it travels: a BYTES tensor
+    assert decode(PackedDelta, raw) == d
     empty = PackedDelta("", "", 0, 0)
-    assert PackedDelta.from_json(empty.to_json()) == empty
+    assert decode(PackedDelta, encode(empty)) == empty
 
 
 def test_cache_salt_from_its_tensor_or_sampling_parameters_and_validated():
     assert parse_params({}, 64).cache_salt is None
     p = parse_params({"cache_salt": t(b"tenant-a", np.object_)}, 64)
-    assert p.cache_salt == "tenant-a" and GenerateParams.from_json(p.to_json()) == p
+    assert p.cache_salt == "tenant-a" and decode(GenerateParams, encode(p)) == p
     raw = json.dumps({"cache_salt": "tenant-b", "max_tokens": 3}).encode()
     p = parse_params({"sampling_parameters": t(raw, np.object_)}, 64)
     assert (p.cache_salt, p.max_tokens) == ("tenant-b", 3)

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from bucketserve.serving.contract import parse_params
-from bucketserve.serving.handoff import sampling_rows, sampling_rows_json
+from bucketserve.serving.messages import PrefillBatch, decode, encode
 from bucketserve.serving.openai.protocol import ChatRequest, OpenAIError
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -88,7 +88,7 @@ def test_bad_guides_name_the_field(inputs, message):
 
 def test_guide_travels_to_prefill_and_decode():
     p = parse_params(vllm({"guided_json": SCHEMA}), 16)
-    assert sampling_rows(sampling_rows_json([p])) == [p.sampling]
+    assert decode(PrefillBatch, encode(PrefillBatch.of([p]))).sampling == [p.sampling]
 
 
 def chat(response_format=None, **extra) -> ChatRequest:

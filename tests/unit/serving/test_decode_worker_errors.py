@@ -6,14 +6,16 @@ from __future__ import annotations
 import queue
 from types import SimpleNamespace
 
+import pytest
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.sampler import SampleOutput
 from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.engine.sequence import Sequence
+from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.decode_stream import Stream
 from bucketserve.serving.decode_worker import DecodeWorker
-from bucketserve.serving.handoff import KIND_GENERATE, Handoff
+from bucketserve.serving.messages import KIND_GENERATE, Handoff
 
 
 class FlakyRunner:
@@ -32,9 +34,9 @@ class FlakyRunner:
         return SampleOutput([7] * len(rows), [None] * len(rows))
 
 
-def make_worker():
+def make_worker(run: ServeConfig | None = None):
     blocks, outbox = BlockManager(32, 4), queue.Queue()
-    worker = DecodeWorker(FlakyRunner(), blocks, None, None, outbox, timeout_s=5.0)
+    worker = DecodeWorker(FlakyRunner(), blocks, None, None, outbox, timeout_s=5.0, run=run)
     return worker, blocks, outbox
 
 
@@ -72,11 +74,12 @@ def test_failed_step_finishes_the_batch_with_errors():
     assert (delta.key, delta.text, delta.finish_reason, delta.num_output_tokens) == (3, "x", "", 1)
 
 
-def test_failed_pull_fails_that_request_only():
-    worker, blocks, outbox = make_worker()
+@pytest.mark.parametrize("prefill_index", [0, 5])  # 0: its pool never published; 5: not in the run
+def test_failed_pull_fails_that_request_only(tmp_path, prefill_index):
+    worker, blocks, outbox = make_worker(ServeConfig(run_dir=str(tmp_path), run_id="t1"))
     params = GenerateParams(sampling=SamplingParams(max_tokens=4), num_input_tokens=3)
-    bad = Handoff(KIND_GENERATE, params, prompt_ids=[1, 2, 3], first_token=5, prefill_index=0,
-                  pool='{"not": "a pool handle"}', block_ids=[0])  # fmt: skip
+    bad = Handoff(KIND_GENERATE, params, prompt_ids=[1, 2, 3], first_token=5,
+                  prefill_index=prefill_index, block_ids=[0])  # fmt: skip
     worker.publish = lambda: None
     worker.submit(9, bad)
     worker.iterate()

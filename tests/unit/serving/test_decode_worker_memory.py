@@ -13,8 +13,8 @@ from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.serving import decode_worker as dw
 from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.decode_worker import DecodeWorker
-from bucketserve.serving.handoff import KIND_GENERATE, Handoff
 from bucketserve.serving.kv_intake import KvIntake
+from bucketserve.serving.messages import KIND_GENERATE, Handoff
 
 
 def next_token(ids: list[int]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.decode_stream import Delta
-from bucketserve.serving.handoff import KIND_GENERATE, Handoff
+from bucketserve.serving.messages import KIND_GENERATE, Handoff
 from bucketserve.serving.relay import ResponseRelay, merge
 
 

@@ -12,7 +12,7 @@ from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.scheduling import ClusterView, InstanceStats, SchedulerConfig, make_scheduler
 from bucketserve.scheduling.prefix_index import PrefixIndex
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.handoff import KIND_GENERATE, PrefillReply, PrefillResult
+from bucketserve.serving.messages import KIND_GENERATE, PrefillReply, PrefillResult
 from bucketserve.serving.scheduler_core import SchedulerCore, instance_index
 
 
@@ -53,7 +53,7 @@ class Recorder:
         with self.lock:
             self.calls.append((index, start, time.monotonic(), len(items)))
         results = [PrefillResult(7, [0], k) for k in range(len(items))]
-        return PrefillReply(index, "pool", f"table{index}", results, self.prefill_s)
+        return PrefillReply(index, results, self.prefill_s)
 
     def send_handoff(self, sender, handoff) -> None:
         with self.lock:

@@ -136,3 +136,28 @@ def test_mapped_names_include_a_segment_this_process_maps():
     finally:
         m.close()
         os.unlink(path)
+
+
+def test_die_with_parent_execs_in_place_and_dies_with_the_starting_process():
+    """The launcher's way of starting tritonserver, from a parent whose other threads are busy
+    (a Popen preexec_fn there crashed the child): same pid, the real program, gone with P."""
+    code = (
+        "import subprocess, threading, time\n"
+        "from bucketserve.serving.procs import die_with_parent\n"
+        "def spin():\n"
+        "    while True: [bytearray(4096) for _ in range(100)]\n"
+        "for _ in range(4): threading.Thread(target=spin, daemon=True).start()\n"
+        "child = subprocess.Popen(die_with_parent(['/bin/sleep', '60']))\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 10
+    while psutil.Process(child).name() != "sleep" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert psutil.Process(child).name() == "sleep"
+    assert psutil.Process(child).ppid() == parent.pid
+    parent.kill()
+    parent.wait()
+    assert wait_gone(child, 5.0)
