@@ -180,7 +180,12 @@ def stream_until_error(svc, started: list, out: list, i: int) -> None:
 
 
 def test_killed_decode_stub_ends_every_stream_with_an_error_and_the_server_recovers(svc):
-    n = 8
+    check_killed_stub_recovers(svc, "decode_0_0")
+
+
+def check_killed_stub_recovers(svc, stub: str, n: int = 8) -> None:
+    """`n` streams decoding, `stub` SIGKILLed: every stream ends within 5 s with an error naming
+    it, readiness drops, the supervisor restarts the server (counted), and it serves again."""
     started: list = []
     out: list = []
     threads = [threading.Thread(target=stream_until_error, args=(svc, started, out, i))
@@ -191,7 +196,7 @@ def test_killed_decode_stub_ends_every_stream_with_an_error_and_the_server_recov
     while len(started) < n and time.monotonic() < deadline:  # every stream has a first token
         time.sleep(0.05)
     assert len(started) == n, out
-    old_server, victim = svc.server_pid(), svc.stub_pid("decode_0_0")
+    old_server, victim = svc.server_pid(), svc.stub_pid(stub)
     os.kill(victim, signal.SIGKILL)
     t_kill = time.monotonic()
     time.sleep(1.0)
@@ -199,22 +204,27 @@ def test_killed_decode_stub_ends_every_stream_with_an_error_and_the_server_recov
     for t in threads:
         t.join(timeout=30)
     waits = sorted(t_end - t_kill for _, _, t_end in out)
-    print(f"\n8 streams ended {waits[0]:.2f}..{waits[-1]:.2f}s after the kill")
+    print(f"\n{n} streams ended {waits[0]:.2f}..{waits[-1]:.2f}s after the kill of {stub}")
     assert len(out) == n
     for _, last, _ in out:
-        assert "error" in last and "decode_0_0" in last["error"], last
+        assert "error" in last and stub in last["error"], last
     assert waits[-1] < 5.0
     recovered = svc.wait_ready(timeout_s=600) + 1.0
     print(f"serving again {recovered:.0f}s after the kill")
     assert served(svc)
     metrics = requests.get(url(svc, "/metrics"), timeout=10).text
-    assert 'bucketserve_server_restarts_total{part="decode"} 1.0' in metrics
+    part = stub.split("_")[0]
+    assert f'bucketserve_server_restarts_total{{part="{part}"}} 1.0' in metrics
     assert not any(p.pid in (old_server, victim) for p in svc.processes())
 
 
 def test_sigterm_after_a_stub_died_leaves_no_process_and_no_shm(svc):
+    check_sigterm_after_a_stub_died(svc, "prefill_0_0")
+
+
+def check_sigterm_after_a_stub_died(svc, stub: str) -> None:
     assert svc.shm_segments(), "the run's segments should exist while it serves"
-    os.kill(svc.stub_pid("prefill_0_0"), signal.SIGKILL)
+    os.kill(svc.stub_pid(stub), signal.SIGKILL)
     time.sleep(0.5)
     took = svc.stop(signal.SIGTERM)
     print(f"\nlauncher exited {took:.1f}s after SIGTERM (code {svc.proc.returncode})")
