@@ -27,7 +27,7 @@ serve: setup
 test: setup
 	$(VENV)/bin/ruff check backends client tests perf
 	$(VENV)/bin/ruff format --check backends client tests perf
-	$(VENV)/bin/python -m pytest -q -ra $(ARGS)
+	$(VENV)/bin/python -m pytest -q -ra --durations=25 $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff format backends client tests perf
