@@ -32,7 +32,7 @@ SOURCE_PROMPTS = [("textwrap", 120), ("json.decoder", 350), ("string", 600), ("s
 
 @dataclass(frozen=True)
 class Prompt:
-    """One parity prompt; chat prompts stop at EOS, raw ones always run 64 tokens."""
+    """One parity prompt; chat prompts stop at EOS, raw ones always run MAX_NEW_TOKENS (conftest)."""
 
     name: str
     token_ids: tuple[int, ...]

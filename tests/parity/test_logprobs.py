@@ -1,7 +1,7 @@
 """Greedy log-probs from the engine's sampler equal transformers' log-softmax of its logits.
 
 Its own small reference (10 prompts, 4 steps each, one cached HF forward per step) instead of
-the session's 64-token generations, so it stays cheap on a loaded machine."""
+the session's greedy generations, so it stays cheap on a loaded machine."""
 
 from __future__ import annotations
 
@@ -23,12 +23,9 @@ TOP = 5
 
 
 @pytest.fixture(scope="module")
-def hf_steps(model_dir) -> list[tuple[list[int], list[torch.Tensor]]]:
+def hf_steps(tokenizer, hf_model) -> list[tuple[list[int], list[torch.Tensor]]]:
     """(prompt ids, HF log-softmax [V] at each greedy step) for the first 10 parity prompts."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf = hf_model
     out = []
     for prompt in build_prompts(tokenizer)[:NUM_PROMPTS]:
         ids, past, steps = torch.tensor([prompt.token_ids]), None, []

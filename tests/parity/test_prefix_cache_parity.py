@@ -21,13 +21,6 @@ QUESTIONS = ["What does this code do?", "Name one function here.", "Is it fast?"
 
 
 @pytest.fixture(scope="module")
-def tokenizer(model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
 def prompts(tokenizer) -> list[list[int]]:
     """22 prompts over one ~700-token source prefix: block-aligned (16-token blocks) and
     mid-block shared lengths, full hits (identical prompts), prompts that are prefixes of
@@ -60,10 +53,7 @@ def generate(runner, prompts, caching: bool, chunk_tokens: int = 256):
     return engine, engine.generate(prompts, params)
 
 
-def hf_greedy(model_dir, prompts: list[list[int]]) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+def hf_greedy(hf, prompts: list[list[int]]) -> list[list[int]]:
     outs = []
     for p in prompts:
         ids = torch.tensor([p])
@@ -75,7 +65,7 @@ def hf_greedy(model_dir, prompts: list[list[int]]) -> list[list[int]]:
     return outs
 
 
-def test_prefix_cache_tokens_match_caching_off_and_transformers(runner, prompts, model_dir):
+def test_prefix_cache_tokens_match_caching_off_and_transformers(runner, prompts, hf_model):
     off_engine, off = generate(runner, prompts, caching=False)
     assert off_engine.num_cached_tokens == 0
     engine, on = generate(runner, prompts, caching=True)
@@ -91,4 +81,4 @@ def test_prefix_cache_tokens_match_caching_off_and_transformers(runner, prompts,
                                                  ignore_eos=True)) == [on[0], on[11], on[14]]  # fmt: skip
     assert bm.num_hit_tokens - hits_before == sum((len(p) - 1) // 16 * 16 for p in again)
     picks = [0, 2, 5, 7, 9, 11, 13, 15, 19]
-    assert hf_greedy(model_dir, [prompts[i] for i in picks]) == [on[i] for i in picks]
+    assert hf_greedy(hf_model, [prompts[i] for i in picks]) == [on[i] for i in picks]

@@ -9,7 +9,7 @@ from bucketserve.engine.llm_engine import LLMEngine
 from bucketserve.engine.runner import ModelRunner
 from bucketserve.engine.sequence import Sequence
 
-from tests.parity.conftest import NUM_LOGIT_STEPS, rel_err
+from tests.parity.conftest import MAX_NEW_TOKENS, NUM_LOGIT_STEPS, rel_err
 
 pytestmark = pytest.mark.parity
 LOGIT_TOLERANCE = 1e-4
@@ -26,6 +26,9 @@ def test_prompt_set_is_varied(references):
     lengths = [len(r.prompt.token_ids) for r in references]
     assert len(references) >= 20 and min(lengths) == 1 and max(lengths) >= 1400
     assert any(r.prompt.stops_at_eos for r in references)
+    # some references end at EOS before the limit, others run to it: both stop rules are compared
+    assert any(len(r.tokens) < MAX_NEW_TOKENS for r in references)
+    assert any(len(r.tokens) == MAX_NEW_TOKENS for r in references)
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 7, 32])

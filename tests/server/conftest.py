@@ -68,9 +68,23 @@ def start_server(tmp_path_factory, **overrides) -> LocalEdge:
         raise
 
 
+# Each tritonserver start costs ~20 s of CI time on two cores: the two shared servers below
+# serve every module that needs nothing else (each test leaves every KV block free).
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """The default topology: one prefill and one decode instance on CPU, policy bucketserve."""
-    srv = start_server(tmp_path_factory)
+    """The default topology: one prefill and one decode instance on CPU, policy bucketserve,
+    with the OpenAI front on its own port too."""
+    srv = start_server(tmp_path_factory, openai_port=free_port())
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def colocated(tmp_path_factory):
+    """One colocated SmolLM2 instance, prompt chunks of 64 tokens, the OpenAI front on."""
+    srv = start_server(tmp_path_factory, topology="colocated", chunk_tokens=64,
+                       openai_port=free_port())  # fmt: skip
     yield srv
     srv.stop()

@@ -70,3 +70,19 @@ def wait_metric_above(server, name: str, floor: float, timeout_s: float = 10.0) 
     while (value := metric_value(server, name)) <= floor and time.monotonic() < end:
         time.sleep(0.1)
     return value
+
+
+def openai_client(server, timeout_s: float = 300):
+    """An `openai` client on the server's OpenAI port, once that port answers /health."""
+    import openai
+
+    base = f"http://{server.cfg.host}:{server.cfg.openai_port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{base}/health", timeout=2).status_code == 200:
+                break
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.5)
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=timeout_s)

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from .conftest import free_port, start_server
+from .conftest import start_server
 from .helpers import generate, metric_value, stream_events, wait_all_blocks_free
 from .test_cancel import assert_blocks_return, inputs, start_streams
 from .test_placement import counts, payload
@@ -21,15 +21,6 @@ pytestmark = pytest.mark.server
 
 CAPITAL = {"text_input": "What is the capital of France?", "max_tokens": 16,
            "temperature": 0.0, "apply_chat_template": True}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def colocated(tmp_path_factory):
-    """One colocated SmolLM2 instance, prompt chunks of 64 tokens, the OpenAI front on."""
-    srv = start_server(tmp_path_factory, topology="colocated", chunk_tokens=64,
-                       openai_port=free_port())  # fmt: skip
-    yield srv
-    srv.stop()
 
 
 def long_prompt() -> str:

@@ -5,15 +5,12 @@ response_format, vLLM `guided_json` on `bucketserve`, TensorRT-LLM's guide input
 from __future__ import annotations
 
 import json
-import time
 
 import jsonschema
 import openai
 import pytest
-import requests
 
-from .conftest import free_port, start_server
-from .helpers import generate, wait_all_blocks_free
+from .helpers import generate, openai_client, wait_all_blocks_free
 
 pytestmark = pytest.mark.server
 
@@ -38,21 +35,12 @@ SCHEMA = {
 ASK = "Describe a person who lives in Paris, as JSON."
 
 
-@pytest.fixture(scope="module", params=["disaggregated", "colocated"])
-def front(request, tmp_path_factory):
-    """A server of each topology with the OpenAI front; yields (server, openai client)."""
-    server = start_server(tmp_path_factory, topology=request.param, openai_port=free_port())
-    base = f"http://{server.cfg.host}:{server.cfg.openai_port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.5)
-    yield server, openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=300)
-    server.stop()
+@pytest.fixture(scope="module", params=["server", "colocated"])
+def front(request):
+    """The shared server of each topology (disaggregated, colocated); yields (server, openai
+    client)."""
+    server = request.getfixturevalue(request.param)
+    return server, openai_client(server)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -8,8 +8,7 @@ import openai
 import pytest
 import requests
 
-from .conftest import free_port, start_server
-from .helpers import generate, kv_blocks, wait_all_blocks_free
+from .helpers import generate, kv_blocks, openai_client, wait_all_blocks_free
 
 pytestmark = pytest.mark.server
 
@@ -19,20 +18,9 @@ FREE_BOUND_S = 5.0  # generous on a loaded 2-core machine: the measured time is 
 
 
 @pytest.fixture(scope="module")
-def front(tmp_path_factory):
-    """A server with the OpenAI front on a free port; yields (server, openai client)."""
-    server = start_server(tmp_path_factory, openai_port=free_port())
-    base = f"http://{server.cfg.host}:{server.cfg.openai_port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.5)
-    yield server, openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=300)
-    server.stop()
+def front(server):
+    """The shared server with its OpenAI port; yields (server, openai client)."""
+    return server, openai_client(server)
 
 
 def test_models_and_metrics(front):

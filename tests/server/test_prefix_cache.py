@@ -13,7 +13,6 @@ import pytest
 import requests
 
 from .helpers import generate, metric_value, wait_all_blocks_free
-from .test_colocated import colocated  # noqa: F401  (the module-scoped colocated server)
 
 pytestmark = pytest.mark.server
 
@@ -55,11 +54,11 @@ def test_disaggregated_prefill_instance_caches(server):
     assert metric_value(server, "bucketserve_prefix_cache_queries_total") > 0
 
 
-def test_colocated_instance_caches(colocated):  # noqa: F811
+def test_colocated_instance_caches(colocated):
     check_prefix_cache(colocated)
 
 
-def test_openai_usage_reports_cached_tokens(colocated):  # noqa: F811
+def test_openai_usage_reports_cached_tokens(colocated):
     url = f"http://{colocated.cfg.host}:{colocated.cfg.openai_port}/v1/chat/completions"
     body = {"model": "smollm2", "max_tokens": 4, "temperature": 0,
             "messages": [{"role": "system", "content": SYSTEM},
