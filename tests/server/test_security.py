@@ -212,7 +212,9 @@ def test_triton_grpc_listens_on_loopback_only(svc):
     assert "--grpc-address=127.0.0.1" in args
     listening = {c.laddr.port: c.laddr.ip for c in triton.net_connections("tcp") if c.status == "LISTEN"}  # fmt: skip
     internal = int(triton_grpc_url(svc).rsplit(":", 1)[1])
-    assert listening[internal] == "127.0.0.1" and internal != svc.grpc_port
+    # gRPC binds an IPv6 socket where it can: 127.0.0.1 shows as ::ffff:127.0.0.1
+    assert listening[internal] in ("127.0.0.1", "::ffff:127.0.0.1"), listening
+    assert internal != svc.grpc_port
     assert svc.grpc_port not in listening
     launcher = psutil.Process(svc.proc.pid).net_connections("tcp")
     assert any(c.laddr.port == svc.grpc_port and c.status == "LISTEN" for c in launcher)
