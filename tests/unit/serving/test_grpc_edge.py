@@ -12,6 +12,7 @@ import grpc
 import pytest
 from bucketserve.serving.front.allowlist import GRPC_GROUPS, AccessPolicy
 from bucketserve.serving.front.grpc_edge import (
+    UNREACHABLE,
     BadRequest,
     GrpcEdge,
     method_of,
@@ -19,7 +20,7 @@ from bucketserve.serving.front.grpc_edge import (
     requested_model,
     status_of,
 )
-from bucketserve.serving.ports import Port, PortUnavailable
+from bucketserve.serving.ports import Port, PortUnavailable, free_port
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
@@ -180,3 +181,20 @@ def test_a_taken_port_names_its_flag():
         with pytest.raises(PortUnavailable, match=rf"\(--grpc-port {port}\)"):
             GrpcEdge(AccessPolicy(), "127.0.0.1:1", "127.0.0.1", Port(port, "--grpc-port"))
         assert time.monotonic() - start < 10
+
+
+def test_triton_down_is_unavailable_without_its_address():
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens: Triton starting or restarting
+    edge = GrpcEdge(AccessPolicy(), dead, "127.0.0.1", Port(0, "--grpc-port"))
+    channel = grpc.insecure_channel(f"127.0.0.1:{edge.port}")
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    try:
+        for call in (lambda: stub.ModelInfer(pb.ModelInferRequest(model_name="bucketserve")),
+                     lambda: list(stub.ModelStreamInfer(iter([pb.ModelInferRequest(model_name="bucketserve")])))):  # fmt: skip
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert e.value.details() == UNREACHABLE, e.value.details()
+    finally:
+        channel.close()
+        edge.stop(grace_s=0)

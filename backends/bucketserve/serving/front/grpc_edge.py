@@ -40,6 +40,7 @@ SERVICE = "inference.GRPCInferenceService"
 _METHODS = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name
 REQUEST_TYPES = {name: getattr(service_pb2, m.input_type.name) for name, m in _METHODS.items()}
 END = object()  # the upstream stream finished
+UNREACHABLE = "tritonserver is not reachable (starting, restarting or stopping); retry"
 START_TIMEOUT_S = 30.0
 
 
@@ -85,6 +86,15 @@ def status_of(method: str, refusal: Refusal) -> grpc.StatusCode:
     return grpc.StatusCode.NOT_FOUND
 
 
+def upstream_status(e: grpc.aio.AioRpcError, target: str) -> tuple[grpc.StatusCode, str]:
+    """Triton's status as Triton sent it; a transport error naming the internal address
+    (Triton is not up) says so without it."""
+    details = e.details() or ""
+    if target in details:
+        return grpc.StatusCode.UNAVAILABLE, UNREACHABLE
+    return e.code(), details
+
+
 def method_of(full: str) -> str | None:
     """'/inference.GRPCInferenceService/ModelInfer' -> 'ModelInfer'; None for anything else."""
     service, _, method = full.lstrip("/").partition("/")
@@ -97,10 +107,10 @@ class Proxy(grpc.GenericRpcHandler):
     `metadata`: what every upstream call carries (Triton's API key: the edge checked the
     client's already); a client's admin key goes on with it, so Triton checks that too."""
 
-    def __init__(
-        self, channel: grpc.aio.Channel, policy: AccessPolicy, metadata=(), on_refusal=None
-    ):
-        self.channel, self.policy, self.metadata = channel, policy, tuple(metadata)
+    def __init__(self, channel: grpc.aio.Channel, target: str, policy: AccessPolicy,
+                 metadata=(), on_refusal=None) -> None:  # fmt: skip
+        self.channel, self.target = channel, target
+        self.policy, self.metadata = policy, tuple(metadata)
         self.on_refusal = on_refusal or (lambda reason: None)
 
     def service(self, details: grpc.HandlerCallDetails):
@@ -139,7 +149,7 @@ class Proxy(grpc.GenericRpcHandler):
         try:
             return await call
         except grpc.aio.AioRpcError as e:
-            await context.abort(e.code(), e.details() or "")
+            await context.abort(*upstream_status(e, self.target))
         finally:
             call.cancel()  # the client left (this task was cancelled): so does Triton's call
 
@@ -182,7 +192,7 @@ class Proxy(grpc.GenericRpcHandler):
         try:
             while (item := await out.get()) is not END:
                 if isinstance(item, grpc.aio.AioRpcError):
-                    await context.abort(item.code(), item.details() or "")
+                    await context.abort(*upstream_status(item, self.target))
                 if isinstance(item, BadRequest):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(item))
                 yield item
@@ -224,7 +234,9 @@ class GrpcEdge:
         self.channel = grpc.aio.insecure_channel(upstream, options=UNLIMITED)
         # no SO_REUSEPORT: a port another process listens on must fail here, not be shared
         self.server = grpc.aio.server(options=[*UNLIMITED, ("grpc.so_reuseport", 0)])
-        self.server.add_generic_rpc_handlers((Proxy(self.channel, policy, metadata, on_refusal),))
+        self.server.add_generic_rpc_handlers(
+            (Proxy(self.channel, upstream, policy, metadata, on_refusal),)
+        )
         try:
             bound = self.server.add_insecure_port(address(host, port.port))
         except RuntimeError:  # grpcio raises where older versions returned 0
