@@ -116,7 +116,7 @@ class Proxy(grpc.GenericRpcHandler):
     def service(self, details: grpc.HandlerCallDetails):
         method = method_of(details.method)
         if method is None:
-            return None  # grpc answers UNIMPLEMENTED, as Triton does
+            return None  # grpc answers UNIMPLEMENTED
         if method == "ModelStreamInfer":
             return grpc.stream_stream_rpc_method_handler(self.stream)
         # a partial of a coroutine function: grpc.aio awaits it (a lambda it would not)
@@ -167,10 +167,11 @@ class Proxy(grpc.GenericRpcHandler):
         async def allowed() -> AsyncIterator[bytes]:
             async for raw in requests:
                 try:
-                    refusal = self.check("ModelStreamInfer", requested_model("ModelStreamInfer", raw), client)  # fmt: skip
+                    model = requested_model("ModelStreamInfer", raw)
                 except BadRequest as e:
                     await out.put(e)
                     return
+                refusal = self.check("ModelStreamInfer", model, client)
                 if refusal is None:
                     yield raw
                 else:
