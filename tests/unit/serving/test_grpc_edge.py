@@ -198,3 +198,25 @@ def test_triton_down_is_unavailable_without_its_address():
     finally:
         channel.close()
         edge.stop(grace_s=0)
+
+
+def test_behind_the_edges_triton_listens_on_loopback_ports(tmp_path):
+    """What `serve` starts: Triton's HTTP and gRPC on internal 127.0.0.1 ports, whatever --host
+    is; the public --grpc-port is the edge's. Without internal ports (tests, benchmarks that
+    put a LocalEdge in front) Triton keeps cfg's."""
+    from bucketserve.serving.config import ServeConfig
+    from bucketserve.serving.launcher import TritonServer
+
+    cfg = ServeConfig(host="0.0.0.0", grpc_port=18001, run_dir=str(tmp_path), model_dir="m")
+    behind = TritonServer(cfg, triton_http_port=18100, triton_grpc_port=18101)
+    args = behind.command(tmp_path, tmp_path, tmp_path / "tritonserver")
+    assert "--grpc-address=127.0.0.1" in args and "--grpc-port=18101" in args
+    assert "--http-address=127.0.0.1" in args and "--grpc-port=18001" not in args
+    assert behind.grpc_url == "127.0.0.1:18101"
+    assert [(h, p.port, p.flag) for h, p in behind.listeners()][:2] == [
+        ("127.0.0.1", 18100, "the internal HTTP port"),
+        ("127.0.0.1", 18101, "the internal gRPC port"),
+    ]
+    plain = TritonServer(cfg)
+    assert "--grpc-address=0.0.0.0" in plain.command(tmp_path, tmp_path, tmp_path / "t")
+    assert plain.grpc_url == "127.0.0.1:18001"  # a wildcard address is reached on loopback
