@@ -7,7 +7,9 @@
 # exclude_input_in_output): the vLLM-backend convention of `bucketserve` (default MODEL).
 # --backend tensorrtllm sends shape-[1, 1] tensors: use BACKEND=tensorrtllm MODEL=tensorrt_llm_bls
 # (or MODEL=ensemble), the TensorRT-LLM-shaped entry models. The output length goes as top-level
-# max_tokens/min_tokens tensors (--extra-inputs) with either backend.
+# max_tokens/min_tokens tensors (--extra-inputs) with either backend. PA_HEADERS: space-separated
+# KEY:VALUE gRPC metadata for every call (the gRPC edge shows an ensemble's composing models and
+# every model's statistics, which perf_analyzer reads, only with the admin key: docs/security.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 URL="${1:-127.0.0.1:8001}"
@@ -26,11 +28,13 @@ else
   INPUTS=(--synthetic-input-tokens-mean "${INPUT_MEAN:-84}" --synthetic-input-tokens-stddev 0)
 fi
 N_OUT="${OUTPUT_MEAN:-16}"
+HEADERS=()
+for h in ${PA_HEADERS:-}; do HEADERS+=(--header "$h"); done
 set -x
 COLUMNS=200 genai-perf profile -m "${MODEL:-bucketserve}" --backend "${BACKEND:-vllm}" --endpoint-type kserve \
   --streaming -u "$URL" --tokenizer "$TOKENIZER" "${INPUTS[@]}" \
   --extra-inputs "max_tokens:$N_OUT" --extra-inputs "min_tokens:$N_OUT" \
   --concurrency "${CONCURRENCY:-2}" --request-count "${REQUESTS:-16}" --warmup-request-count 2 \
-  --random-seed 0 --artifact-dir "$OUT" > "$OUT/genai_perf_stdout.txt" 2>&1
+  --random-seed 0 --artifact-dir "$OUT" ${HEADERS[@]+"${HEADERS[@]}"} > "$OUT/genai_perf_stdout.txt" 2>&1
 set +x
 cat "$OUT"/*/profile_export_genai_perf.csv

@@ -185,7 +185,8 @@ def test_killed_decode_stub_ends_every_stream_with_an_error_and_the_server_recov
 
 def check_killed_stub_recovers(svc, stub: str, n: int = 8) -> None:
     """`n` streams decoding, `stub` SIGKILLed: every stream ends within 5 s with an error naming
-    it, readiness drops, the supervisor restarts the server (counted), and it serves again."""
+    it, readiness drops, the supervisor restarts the server (counted), and it serves again, over
+    HTTP and over the gRPC edge."""
     started: list = []
     out: list = []
     threads = [threading.Thread(target=stream_until_error, args=(svc, started, out, i))
@@ -212,6 +213,10 @@ def check_killed_stub_recovers(svc, stub: str, n: int = 8) -> None:
     recovered = svc.wait_ready(timeout_s=600) + 1.0
     print(f"serving again {recovered:.0f}s after the kill")
     assert served(svc)
+    # the gRPC edge too: Triton came back on the same internal gRPC port
+    inputs = [tensor("text_input", [b"Hi"], "BYTES"), tensor("max_tokens", np.int32([4]), "INT32")]
+    results, errors = grpc_call(svc, inputs)
+    assert results and not errors, errors
     metrics = requests.get(url(svc, "/metrics"), timeout=10).text
     part = stub.split("_")[0]
     assert f'bucketserve_server_restarts_total{{part="{part}"}} 1.0' in metrics

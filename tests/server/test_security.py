@@ -1,7 +1,7 @@
 """Only the public API is public, on a real `bucketserve serve --api-key K --admin-key A`:
-internal models absent, Triton's admin APIs closed without the admin key over the edge and over
-Triton's gRPC port, the API key required on v2, OpenAI and gRPC, internal models refusing
-messages they did not seal (docs/security.md)."""
+internal models absent and Triton's admin APIs closed without the admin key over the HTTP and
+gRPC edges, the API key required on v2, OpenAI and gRPC, Triton's own ports on loopback only,
+internal models refusing messages they did not seal even there (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -51,8 +51,15 @@ def url(svc, path: str) -> str:
     return f"http://{svc.http_url}{path}"
 
 
-def grpc_generate(svc, headers: dict | None) -> tuple[str, str]:
-    """One streamed request to bucketserve over Triton's gRPC port: (text, error)."""
+def triton_grpc_url(svc) -> str:
+    """Triton's own gRPC address, behind the gRPC edge (from its command line)."""
+    args = psutil.Process(svc.server_pid()).cmdline()
+    port = next(a for a in args if a.startswith("--grpc-port=")).split("=")[1]
+    return f"127.0.0.1:{port}"
+
+
+def grpc_generate(svc, headers: dict | None, model: str = "bucketserve") -> tuple[str, str]:
+    """One streamed request over the public gRPC port (the edge): (text, error)."""
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(svc.grpc_url)
     inputs = [grpcclient.InferInput("text_input", [1], "BYTES"),
@@ -65,7 +72,7 @@ def grpc_generate(svc, headers: dict | None) -> tuple[str, str]:
     text, error = "", ""
     try:
         try:
-            client.async_stream_infer("bucketserve", inputs, enable_empty_final_response=True)
+            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         except InferenceServerException:  # a refused stream may close before this; the
             pass  # refusal itself comes through the callback
         while True:
@@ -162,6 +169,57 @@ def test_repository_trace_logging_are_closed_without_the_admin_key(svc):
     assert svc.ready()  # nothing was unloaded
 
 
+@pytest.mark.parametrize("model", INTERNAL)
+def test_internal_models_are_absent_over_grpc(svc, model):
+    """With the API key, over the public gRPC port: every call naming an internal model gets
+    what Triton answers for a model it does not have, naming only the model asked for."""
+    absent = f"Request for unknown model: '{model}' is not found"
+    client = grpcclient.InferenceServerClient(svc.grpc_url)
+    tensor = grpcclient.InferInput("input_ids", [3], "INT32")
+    tensor.set_data_from_numpy(np.int32([1, 2, 3]))
+    calls = (lambda: client.infer(model, [tensor], headers=GRPC_AUTH),
+             lambda: client.get_model_metadata(model, headers=GRPC_AUTH),
+             lambda: client.get_model_config(model, headers=GRPC_AUTH))  # fmt: skip
+    try:
+        for call in calls:
+            with pytest.raises(InferenceServerException) as e:
+                call()
+            assert e.value.status() == "StatusCode.NOT_FOUND" and e.value.message() == absent
+        assert not client.is_model_ready(model, headers=GRPC_AUTH)
+    finally:
+        client.close()
+    text, error = grpc_generate(svc, GRPC_AUTH, model)
+    assert not text and error == absent, error
+
+
+def test_grpc_edge_serves_the_entry_models(svc):
+    client = grpcclient.InferenceServerClient(svc.grpc_url)
+    try:
+        assert client.is_server_ready()  # health: no key
+        meta = client.get_model_metadata("bucketserve", headers=GRPC_AUTH)
+        assert "text_input" in {t.name for t in meta.inputs}
+        assert client.is_model_ready("bucketserve_bls", headers=GRPC_AUTH)
+    finally:
+        client.close()
+    text, error = grpc_generate(svc, GRPC_AUTH, "bucketserve_bls")
+    assert text and not error, error
+
+
+def test_triton_grpc_listens_on_loopback_only(svc):
+    """Triton's gRPC is internal; the public --grpc-port is the launcher's (the gRPC edge)."""
+    triton = psutil.Process(svc.server_pid())
+    args = triton.cmdline()
+    assert "--grpc-address=127.0.0.1" in args
+    listening = {c.laddr.port: c.laddr.ip for c in triton.net_connections("tcp") if c.status == "LISTEN"}  # fmt: skip
+    internal = int(triton_grpc_url(svc).rsplit(":", 1)[1])
+    # gRPC binds an IPv6 socket where it can: 127.0.0.1 shows as ::ffff:127.0.0.1
+    assert listening[internal] in ("127.0.0.1", "::ffff:127.0.0.1"), listening
+    assert internal != svc.grpc_port
+    assert svc.grpc_port not in listening
+    launcher = psutil.Process(svc.proc.pid).net_connections("tcp")
+    assert any(c.laddr.port == svc.grpc_port and c.status == "LISTEN" for c in launcher)
+
+
 def test_triton_http_listens_on_loopback_only(svc):
     triton = psutil.Process(svc.server_pid())
     args = triton.cmdline()
@@ -172,8 +230,10 @@ def test_triton_http_listens_on_loopback_only(svc):
 
 
 def infer_internal(svc, model: str, inputs: dict, decoupled: bool) -> tuple[list, str]:
-    """One direct gRPC call of an internal model, as a client with the API key could make it:
-    (the responses' output tensors, the error text)."""
+    """One direct call of an internal model on Triton's own (internal, loopback) gRPC port, as
+    a local client with the API key could make it: (the responses' output tensors, the error
+    text). The gRPC edge answers such calls itself (test_internal_models_are_absent_over_grpc);
+    these check the seal behind it."""
     tensors = []
     for name, arr in inputs.items():
         t = grpcclient.InferInput(
@@ -181,7 +241,7 @@ def infer_internal(svc, model: str, inputs: dict, decoupled: bool) -> tuple[list
         )
         t.set_data_from_numpy(arr)
         tensors.append(t)
-    client = grpcclient.InferenceServerClient(svc.grpc_url)
+    client = grpcclient.InferenceServerClient(triton_grpc_url(svc))
     outs, error = [], ""
     try:
         if not decoupled:
@@ -264,9 +324,10 @@ def test_internal_models_refuse_messages_they_did_not_seal(svc):
 
 
 def test_the_public_first_step_discloses_no_pool(svc):
-    """`preprocessing` is the `bucketserve` ensemble's first step, so a client can call it (a
-    Triton ensemble step sees only client inputs); what it and the scheduler then answer names
-    no pool, and the hand-off is the one the ensemble would pass on: decode_router serves it."""
+    """`preprocessing` is the `bucketserve` ensemble's first step, so a client of Triton's own
+    port can call it (a Triton ensemble step sees only client inputs; the gRPC edge does not
+    let it through); what it and the scheduler then answer names no pool, and the hand-off is
+    the one the ensemble would pass on: decode_router serves it."""
     inputs = {"text_input": bytes_of(b"The capital of France is"),
               "max_tokens": np.asarray([4], dtype=np.int32)}  # fmt: skip
     (pre,), error = infer_internal(svc, "preprocessing", inputs, False)

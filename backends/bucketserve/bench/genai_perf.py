@@ -81,15 +81,22 @@ def run(
     timeout_s: float = 600.0,
     backend: str = "vllm",
     model: str = "bucketserve",
+    headers: dict[str, str] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """genai-perf on exactly `reqs` (same prompts, one output length); returns its CSV."""
+    """genai-perf on exactly `reqs` (same prompts, one output length); returns its CSV.
+    `headers`: gRPC metadata for perf_analyzer (the admin key an ensemble needs at the gRPC
+    edge: see perf_analyzer.command), passed in the environment, never on a command line."""
     prompts = out / "prompts.jsonl"
     n_out = write_prompts(reqs, prompts)
     env = dict(os.environ, CONCURRENCY=str(concurrency), REQUESTS=str(len(reqs)),
-               OUTPUT_MEAN=str(n_out), INPUT_FILE=str(prompts), BACKEND=backend, MODEL=model)  # fmt: skip
+               OUTPUT_MEAN=str(n_out), INPUT_FILE=str(prompts), BACKEND=backend, MODEL=model,
+               PA_HEADERS=" ".join(f"{k}:{v}" for k, v in (headers or {}).items()))  # fmt: skip
     proc = subprocess.run([str(SCRIPT), url, str(out)], env=env, capture_output=True,
                           text=True, timeout=timeout_s)  # fmt: skip
-    (out / "genai_perf_command.txt").write_text(proc.stderr)  # the script's `set -x` trace
+    trace = proc.stderr  # the script's `set -x` trace, keys left out
+    for value in (headers or {}).values():
+        trace = trace.replace(value, "***")
+    (out / "genai_perf_command.txt").write_text(trace)
     found = sorted(out.glob("*/profile_export_genai_perf.csv"))
     if proc.returncode != 0 or not found:
         log = out / "genai_perf_stdout.txt"

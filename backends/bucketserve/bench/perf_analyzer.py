@@ -69,8 +69,12 @@ def input_data(reqs: list[BenchRequest], temperature: float = 0.0, seed: int = 0
 
 
 def command(
-    url: str, model: str, data: Path, concurrency: int, requests: int, out: Path
-) -> list[str]:
+    url: str, model: str, data: Path, concurrency: int, requests: int, out: Path,
+    headers: dict[str, str] | None = None,
+) -> list[str]:  # fmt: skip
+    """`headers`: gRPC metadata for every call (`-H key:value`); for an ensemble perf_analyzer
+    reads its composing models' configs and every model's statistics, which the gRPC edge
+    shows only with the admin key (docs/security.md)."""
     return [
         pa_binary(),
         "-m",
@@ -91,6 +95,7 @@ def command(
         "-f",
         str(out / "pa_summary.csv"),
         "--verbose-csv",
+        *[arg for k, v in (headers or {}).items() for arg in ("-H", f"{k}:{v}")],
     ]
 
 
@@ -102,13 +107,16 @@ def run(
     requests: int,
     out: Path,
     timeout_s: float = 600.0,
+    headers: dict[str, str] | None = None,
 ) -> list[RequestRecord]:
     """Run perf_analyzer once; its stdout goes to out/pa_stdout.txt; records from its export."""
     out.mkdir(parents=True, exist_ok=True)
     data = out / "pa_input.json"
     data.write_text(json.dumps(input_data(reqs)))
-    cmd = command(url, model, data, concurrency, requests, out)
-    (out / "pa_command.txt").write_text(" ".join(cmd) + "\n")
+    cmd = command(url, model, data, concurrency, requests, out, headers)
+    shown = [a.split(":", 1)[0] + ":***" if a.startswith("triton-grpc-protocol-") else a
+             for a in cmd]  # fmt: skip  # keys are never written down
+    (out / "pa_command.txt").write_text(" ".join(shown) + "\n")
     proc = subprocess.run(cmd, env=pa_env(), capture_output=True, text=True, timeout=timeout_s)
     (out / "pa_stdout.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:

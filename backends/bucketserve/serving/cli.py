@@ -34,7 +34,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", default=d.host)
     p.add_argument("--http-port", type=int, default=d.http_port)
-    p.add_argument("--grpc-port", type=int, default=d.grpc_port)
+    p.add_argument(
+        "--grpc-port", type=int, default=d.grpc_port,
+        help="the gRPC edge: Triton's gRPC protocol for the entry models (tritonserver's own"
+        " gRPC listens on an internal loopback port; docs/security.md)",
+    )  # fmt: skip
     p.add_argument("--metrics-port", type=int, default=d.metrics_port)
     p.add_argument("--run-dir", default=d.run_dir)
     p.add_argument(

@@ -16,7 +16,7 @@ from pathlib import Path
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.front.allowlist import ADMIN_GROUPS, ADMIN_HEADER, API_KEY_HEADER
 from bucketserve.serving.messages import RUN_SECRET_ENV, new_run_secret
-from bucketserve.serving.ports import Port, check_free, triton_port_error
+from bucketserve.serving.ports import Port, check_free, local_host, triton_port_error
 from bucketserve.serving.procs import (
     RUN_CONFIG_ENV,
     die_with_parent,
@@ -39,7 +39,12 @@ def prepare_model(spec: str) -> str:
 class TritonServer:
     """One tritonserver process serving the BucketServe models for a ServeConfig."""
 
-    def __init__(self, cfg: ServeConfig, triton_http_port: int | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ServeConfig,
+        triton_http_port: int | None = None,
+        triton_grpc_port: int | None = None,
+    ) -> None:
         run_id = cfg.run_id or secrets.token_hex(3)
         self.cfg = replace(
             cfg,
@@ -53,6 +58,9 @@ class TritonServer:
         # behind the front (serving/front) Triton's HTTP listens on an internal loopback port
         self.internal_http = triton_http_port is not None
         self.http_port = cfg.http_port if triton_http_port is None else triton_http_port
+        # and its gRPC too, behind the gRPC edge (front/grpc_edge.py): the public --grpc-port
+        self.internal_grpc = triton_grpc_port is not None
+        self.grpc_port = cfg.grpc_port if triton_grpc_port is None else triton_grpc_port
         # Triton's admin APIs answer only this key: the operator's, else one nobody knows
         self.admin_key = cfg.admin_key or secrets.token_urlsafe(24)
 
@@ -63,7 +71,9 @@ class TritonServer:
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.cfg.host}:{self.cfg.grpc_port}"
+        """Triton's own gRPC address (behind the edge: the internal one, 127.0.0.1)."""
+        host = "127.0.0.1" if self.internal_grpc else local_host(self.cfg.host)
+        return f"{host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
@@ -77,8 +87,8 @@ class TritonServer:
             f"--backend-directory={backends}",
             f"--http-address={self.http_url.rsplit(':', 1)[0]}",
             f"--http-port={self.http_port}",
-            f"--grpc-address={c.host}",
-            f"--grpc-port={c.grpc_port}",
+            f"--grpc-address={'127.0.0.1' if self.internal_grpc else c.host}",
+            f"--grpc-port={self.grpc_port}",
             f"--metrics-address={c.host}",
             f"--metrics-port={c.metrics_port}",
             "--allow-metrics=true",
@@ -93,21 +103,28 @@ class TritonServer:
             *restricted_apis(c, self.admin_key),
         ]
 
+    def listeners(self) -> list[tuple[str, Port]]:
+        """The (host, port) pairs tritonserver binds, with the flags that set the ports."""
+        c, loopback = self.cfg, "127.0.0.1"
+        if self.internal_http:
+            http = (loopback, Port(self.http_port, "the internal HTTP port"))
+        else:
+            http = (c.host, Port(self.http_port, "--http-port"))
+        if self.internal_grpc:
+            grpc = (loopback, Port(self.grpc_port, "the internal gRPC port"))
+        else:
+            grpc = (c.host, Port(self.grpc_port, "--grpc-port"))
+        return [http, grpc, (c.host, Port(c.metrics_port, "--metrics-port"))]
+
     def ports(self) -> list[Port]:
         """The ports tritonserver binds, with the flags that set them."""
-        http_flag = "the internal HTTP port" if self.internal_http else "--http-port"
-        return [
-            Port(self.http_port, http_flag),
-            Port(self.cfg.grpc_port, "--grpc-port"),
-            Port(self.cfg.metrics_port, "--metrics-port"),
-        ]
+        return [port for _, port in self.listeners()]
 
     def start(self) -> None:
         """Start tritonserver (not yet ready); PortUnavailable now if one of its ports is taken
         (it would find out only after loading every model)."""
-        http_host = self.http_url.rsplit(":", 1)[0]
-        check_free(http_host, self.ports()[:1])
-        check_free(self.cfg.host, self.ports()[1:])
+        for host, port in self.listeners():
+            check_free(host, [port])
         self.run_dir.mkdir(parents=True, exist_ok=True)
         clean_shm(self.cfg.run_id)
         install = find_triton()

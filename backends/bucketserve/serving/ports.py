@@ -58,6 +58,11 @@ def check_free(host: str, ports: list[Port]) -> None:
         bind(host, port).close()
 
 
+def local_host(host: str) -> str:
+    """Where this host reaches a server listening on `host` (a wildcard address means here)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
 def free_port() -> int:
     """A loopback port nothing listens on now (tests, internal endpoints)."""
     with socket.socket() as s:

@@ -1,4 +1,5 @@
-"""`bucketserve serve`: the HTTP edge on the public port(s), the supervised tritonserver behind it."""
+"""`bucketserve serve`: the HTTP and gRPC edges on the public ports, the supervised tritonserver
+behind them (its HTTP and gRPC on internal loopback ports: docs/security.md)."""
 
 from __future__ import annotations
 
@@ -8,28 +9,20 @@ from collections.abc import Callable
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.front.allowlist import AccessPolicy, grpc_metadata
 from bucketserve.serving.front.app import Front
+from bucketserve.serving.front.grpc_edge import GrpcEdge
 from bucketserve.serving.front.health import Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from bucketserve.serving.front.server import FrontServer
 from bucketserve.serving.launcher import TritonServer
 from bucketserve.serving.leftovers import claim_run_dir, release_run_dir, sweep_unmapped_shm
 from bucketserve.serving.openai.app import Settings
-from bucketserve.serving.ports import Port, check_free
+from bucketserve.serving.ports import Port, check_free, free_port, local_host
 from bucketserve.serving.procs import become_subreaper
 from bucketserve.serving.supervisor import Supervisor
 
 
-def local_host(cfg: ServeConfig) -> str:
-    """Where the edge reaches Triton (a wildcard address means this host)."""
-    return "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
-
-
-def grpc_target(cfg: ServeConfig) -> str:
-    return f"{local_host(cfg)}:{cfg.grpc_port}"
-
-
 def triton_metrics_url(cfg: ServeConfig) -> str:
-    return f"http://{local_host(cfg)}:{cfg.metrics_port}/metrics"
+    return f"http://{local_host(cfg.host)}:{cfg.metrics_port}/metrics"
 
 
 def public_ports(cfg: ServeConfig) -> list[Port]:
@@ -44,6 +37,15 @@ def access_policy(cfg: ServeConfig) -> AccessPolicy:
     """The entry models only; the keys from the command line (or environment)."""
     return AccessPolicy(admin_key=cfg.admin_key, api_key=cfg.api_key,
                         metrics_need_key=cfg.metrics_need_api_key)  # fmt: skip
+
+
+def grpc_edge(
+    cfg: ServeConfig, triton_grpc: str, metrics: FrontMetrics, host: str, port: int
+) -> GrpcEdge:
+    """The public gRPC port on host:port (0: a free one) in front of Triton's gRPC at
+    `triton_grpc`; its refusals are counted with the HTTP edge's."""
+    return GrpcEdge(access_policy(cfg), triton_grpc, host, Port(port, "--grpc-port"),
+                    grpc_metadata(cfg.api_key), lambda why: metrics.rejected.labels(why).inc())  # fmt: skip
 
 
 def openai_settings(cfg: ServeConfig) -> Settings:
@@ -63,7 +65,8 @@ def banner(cfg: ServeConfig, log_path) -> str:
         f"  HTTP     {base}/v2/models/bucketserve/generate_stream"
         f"  (bodies up to {cfg.max_request_bytes} bytes)\n"
         f"  OpenAI   {', '.join(openai)}\n"
-        f"  gRPC     {cfg.host}:{cfg.grpc_port}  (models: bucketserve, bucketserve_bls)\n"
+        f"  gRPC     {cfg.host}:{cfg.grpc_port}  (the gRPC edge; models: bucketserve,"
+        f" bucketserve_bls)\n"
         f"  metrics  {base}/metrics (edge, Triton, models),"
         f" http://{cfg.host}:{cfg.metrics_port}/metrics (Triton, models)\n"
         f"  log      {log_path}\n"
@@ -76,22 +79,29 @@ def serve(cfg: ServeConfig, log: Callable[[str], None] = print) -> int:
     become_subreaper()  # orphaned stubs of a crashed server come back to us, not to pid 1
     check_free(cfg.host, public_ports(cfg))  # before the model is resolved or loaded
     cfg = TritonServer(cfg).cfg  # resolves the run id and the model directory once
+    # Triton's gRPC: one internal port for every (re)start, so the edges' channels stay valid
+    triton_grpc_port = free_port()
+    triton_grpc = f"127.0.0.1:{triton_grpc_port}"
     health, metrics = Health(), FrontMetrics()
-    front = Front(health, metrics, cfg.max_request_bytes, grpc_target(cfg),
+    front = Front(health, metrics, cfg.max_request_bytes, triton_grpc,
                   cfg.max_concurrent_requests, openai_settings(cfg), triton_metrics_url(cfg),
                   access_policy(cfg), grpc_metadata(cfg.api_key))  # fmt: skip
     edge_ports = [p for p in public_ports(cfg) if p.flag in ("--http-port", "--openai-port")]
     web = FrontServer(front, cfg.host, edge_ports[0], tuple(edge_ports[1:]))  # binds them now
+    rpc = None
     try:
+        rpc = grpc_edge(cfg, triton_grpc, metrics, cfg.host, cfg.grpc_port)  # binds and serves now
         for note in claim_run_dir(cfg.run_path, cfg.run_id):
             log(note)
     except BaseException:
         web.close_sockets()
+        if rpc is not None:
+            rpc.stop(grace_s=0)
         raise
     swept = sweep_unmapped_shm()
     if swept:
         log(f"removed {len(swept)} shared-memory segment(s) no live process uses: {swept[:4]} ...")
-    sup = Supervisor(cfg, health, metrics, log)
+    sup = Supervisor(cfg, health, metrics, log, triton_grpc_port=triton_grpc_port)
     for sig in (signal.SIGTERM, signal.SIGINT):  # docker stop, kill, Ctrl-C: the same drain
         signal.signal(sig, lambda *_: sup.request_stop())
     log(f"starting tritonserver (log: {cfg.run_path / 'server.log'}) ...")
@@ -101,6 +111,7 @@ def serve(cfg: ServeConfig, log: Callable[[str], None] = print) -> int:
     finally:
         log("stopping ...")
         sup.shutdown(lambda: front.inflight, front.release_upstream)
+        rpc.stop(grace_s=1.0)  # Triton has ended (or drained) every call it was forwarding
         web.stop()
         release_run_dir(cfg.run_path)
     return 0

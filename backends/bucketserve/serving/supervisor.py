@@ -42,9 +42,12 @@ class Supervisor:
     """Runs on the launcher's main thread (PR_SET_PDEATHSIG is tied to the starting thread)."""
 
     def __init__(
-        self, cfg: ServeConfig, health: Health, metrics: FrontMetrics, log: Callable = print
-    ) -> None:
+        self, cfg: ServeConfig, health: Health, metrics: FrontMetrics, log: Callable = print,
+        triton_grpc_port: int | None = None,
+    ) -> None:  # fmt: skip
         self.cfg = cfg
+        # the edges' gRPC channels point at one internal port: every restart reuses it
+        self.triton_grpc_port = triton_grpc_port
         self.health, self.metrics, self.log = health, metrics, log
         self.stopping = threading.Event()
         self.server: TritonServer | None = None
@@ -82,7 +85,8 @@ class Supervisor:
             delay = min(delay * 2, self.cfg.restart_backoff_max_s)
 
     def start_once(self) -> tuple[str | None, str]:
-        """A fresh server on a fresh internal port; (None, "") once ready, else (cause, part)."""
+        """A fresh server on a fresh internal HTTP port (gRPC: the same internal port every
+        time); (None, "") once ready, else (cause, part)."""
         self.port_error = None
         try:
             return self.start_server()
@@ -94,7 +98,9 @@ class Supervisor:
 
     def start_server(self) -> tuple[str | None, str]:
         port = free_port()
-        self.server = TritonServer(self.cfg, triton_http_port=port)
+        self.server = TritonServer(
+            self.cfg, triton_http_port=port, triton_grpc_port=self.triton_grpc_port
+        )
         self.health.set(STARTING, self.health.cause, upstream=f"http://127.0.0.1:{port}")
         self.server.start()
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -50,7 +50,13 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
             meta.inputs.add(name=name, datatype=dtype, shape=shape)
         return meta
 
+    def ModelInfer(self, request, context):
+        self.up.metadata.append(dict(context.invocation_metadata()))
+        return service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+
     def ModelStreamInfer(self, request_iterator, context):
+        self.up.metadata.append(dict(context.invocation_metadata()))
+        context.add_callback(self.up.ended.set)  # the stream ended: done, cancelled, or broken
         out: queue.Queue = queue.Queue()
 
         def read() -> None:
@@ -97,6 +103,8 @@ class GrpcUpstream:
         self.seen: list = []
         self.stopped: set[str] = set()  # ids a stop request named
         self.release = threading.Event()
+        self.metadata: list[dict] = []  # each call's invocation metadata
+        self.ended = threading.Event()  # set when a stream ends, however it ends
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Service(self), self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")

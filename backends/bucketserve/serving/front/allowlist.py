@@ -8,6 +8,9 @@ APIs answer 403 unless an admin key is configured and sent (header `admin-key`, 
 restricted-API style): registering a shared-memory region lets a client read or write any
 /dev/shm segment of the host, the KV pools included. With an API key every route but health and
 metrics (those too with `metrics_need_key`) needs `Authorization: Bearer <key>` (401 otherwise).
+
+The public gRPC port (front/grpc_edge.py) follows the same rules, method by method
+(`AccessPolicy.check_rpc`), in Triton's own gRPC words.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ ENTRY_MODELS = frozenset({"bucketserve", "bucketserve_bls", "ensemble", "tensorr
 ADMIN_HEADER = "admin-key"
 API_KEY_HEADER = "api-key"  # on Triton's gRPC port: metadata 'triton-grpc-protocol-api-key'
 GRPC_PREFIX = "triton-grpc-protocol-"  # Triton's prefix for restricted-protocol metadata
+GRPC_ADMIN, GRPC_API_KEY = GRPC_PREFIX + ADMIN_HEADER, GRPC_PREFIX + API_KEY_HEADER
 # Triton's API groups a client must not use (names as its --*-restricted-* flags spell them)
 ADMIN_GROUPS = ("shared-memory", "model-repository", "trace", "logging")
 ADMIN_PREFIXES = ("/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/repository",
@@ -30,6 +34,23 @@ HEALTH = frozenset({"/v2/health/live", "/v2/health/ready", "/health"})  # probes
 MODEL_PATH = re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?(?P<action>/.*)?")
 MODEL_ACTIONS = frozenset({None, "/ready", "/config", "/stats", "/infer", "/generate",
                            "/generate_stream"})  # fmt: skip
+# Triton's gRPC methods (inference.GRPCInferenceService) by the API group its
+# --grpc-restricted-protocol files them under; ADMIN_GROUPS among them need the admin key
+GRPC_GROUPS = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config", "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory", "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory", "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory", "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace", "LogSettings": "logging",
+}  # fmt: skip
+# the methods whose request names a model (field 1: `name`, or `model_name` for inference)
+GRPC_MODEL_METHODS = frozenset({"ModelReady", "ModelMetadata", "ModelInfer", "ModelStreamInfer",
+                                "ModelConfig", "ModelStatistics"})  # fmt: skip
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,10 +93,42 @@ class AccessPolicy:
                            " is not found")  # fmt: skip
         return Refusal(404, "not_found", f"no such endpoint: {path}")
 
+    def check_rpc(
+        self, method: str, model: str | None, metadata: Mapping[str, str]
+    ) -> Refusal | None:
+        """The same rules for one call on the public gRPC port: `method` of GRPC_GROUPS,
+        `model` the one its request names (None: none, or not read yet: the start of a
+        stream), `metadata` the call's (lower-case keys). Messages are Triton's own: a key
+        missing is `UNAVAILABLE This protocol is restricted, ...` (status 401/403 here), an
+        internal model is absent (404)."""
+        if bool(self.admin_key) and same(metadata.get(GRPC_ADMIN, ""), self.admin_key):
+            return None  # the operator's view: every method, every model
+        group = GRPC_GROUPS[method]
+        if self.api_key and group != "health":
+            if not same(metadata.get(GRPC_API_KEY, ""), self.api_key):
+                return Refusal(401, "unauthenticated", restricted(GRPC_API_KEY))
+        if group in ADMIN_GROUPS or (method == "ModelStatistics" and model == ""):
+            return Refusal(403, "restricted", restricted(GRPC_ADMIN))  # "": every model's
+        if model is None or self.public_models is None or model in self.public_models:
+            return None
+        return Refusal(404, "not_found", unknown_model(method, model))
+
+
+def restricted(header: str) -> str:
+    """Triton's answer to a call without the key its restricted protocol needs (UNAVAILABLE)."""
+    return f"This protocol is restricted, expecting header '{header}'"
+
+
+def unknown_model(method: str, model: str) -> str:
+    """What Triton answers for a model it does not have (ModelReady answers ready=false)."""
+    if method == "ModelStatistics":
+        return f"requested model '{model}' is not available"
+    return f"Request for unknown model: '{model}' is not found"
+
 
 def grpc_metadata(api_key: str) -> tuple[tuple[str, str], ...]:
     """What the edge sends with each gRPC call to Triton: the API key its port requires."""
-    return ((GRPC_PREFIX + API_KEY_HEADER, api_key),) if api_key else ()
+    return ((GRPC_API_KEY, api_key),) if api_key else ()
 
 
 def bearer(value: str) -> str:

@@ -1,9 +1,12 @@
-"""A TritonServer behind the edge in this process, as `bucketserve serve` users reach it (the
-server tests and benchmarks start Triton themselves, without the supervisor)."""
+"""A TritonServer behind the edges in this process, as `bucketserve serve` users reach it (the
+server tests and benchmarks start Triton themselves, without the supervisor): HTTP and gRPC
+clients use `http_url` / `grpc_url`, the edges' free ports, never Triton's own."""
 
 from __future__ import annotations
 
-from bucketserve.serving.front.allowlist import grpc_metadata
+from dataclasses import replace
+
+from bucketserve.serving.front.allowlist import GRPC_ADMIN, grpc_metadata
 from bucketserve.serving.front.app import Front
 from bucketserve.serving.front.health import READY, Health
 from bucketserve.serving.front.metrics import FrontMetrics
@@ -12,32 +15,47 @@ from bucketserve.serving.launcher import TritonServer
 from bucketserve.serving.ports import Port, free_port
 from bucketserve.serving.service import (
     access_policy,
-    grpc_target,
+    grpc_edge,
     openai_settings,
     triton_metrics_url,
 )
 
 
 class LocalEdge:
-    """`server` (started and ready) behind an edge on a free port, plus cfg.openai_port when
-    set; every other attribute is the server's."""
+    """`server` (started and ready) behind an HTTP edge on a free port, plus cfg.openai_port
+    when set, and a gRPC edge on another free port; every other attribute is the server's."""
 
     def __init__(self, server: TritonServer, max_concurrent: int = 0) -> None:
         self.server = server
-        cfg = server.cfg
+        # the edges take the key Triton's admin APIs answer (cfg's, else its random one): tools
+        # such as perf_analyzer read every composing model's config and every model's
+        # statistics of an ensemble, which only the operator's view shows (admin_headers)
+        cfg = replace(server.cfg, admin_key=server.admin_key)
         health = Health()
         health.set(READY, upstream=f"http://{server.http_url}")
-        self.front = Front(health, FrontMetrics(), cfg.max_request_bytes, grpc_target(cfg),
+        metrics = FrontMetrics()
+        self.front = Front(health, metrics, cfg.max_request_bytes, server.grpc_url,
                            max_concurrent, openai_settings(cfg), triton_metrics_url(cfg),
                            access_policy(cfg), grpc_metadata(cfg.api_key))  # fmt: skip
         self.port = free_port()
         more = (Port(cfg.openai_port, "--openai-port"),) if cfg.openai_port else ()
         self.web = FrontServer(self.front, "127.0.0.1", self.port, more)
+        self.rpc = grpc_edge(cfg, server.grpc_url, metrics, "127.0.0.1", 0)
         self.web.start()
 
     @property
     def http_url(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """gRPC metadata of the operator's view (perf_analyzer `-H`): every model, every API."""
+        return {GRPC_ADMIN: self.server.admin_key}
+
+    @property
+    def grpc_url(self) -> str:
+        """The gRPC edge (entry models only), as `--grpc-port` of `bucketserve serve`."""
+        return f"127.0.0.1:{self.rpc.port}"
 
     @property
     def openai_url(self) -> str:
@@ -49,5 +67,6 @@ class LocalEdge:
         return getattr(self.server, name)
 
     def stop(self) -> None:
+        self.rpc.stop(grace_s=1.0)
         self.web.stop()
         self.server.stop()
