@@ -8,8 +8,7 @@
 # --backend tensorrtllm sends shape-[1, 1] tensors: use BACKEND=tensorrtllm MODEL=tensorrt_llm_bls
 # (or MODEL=ensemble), the TensorRT-LLM-shaped entry models. The output length goes as top-level
 # max_tokens/min_tokens tensors (--extra-inputs) with either backend. PA_HEADERS: space-separated
-# KEY:VALUE gRPC metadata for every call (the gRPC edge shows an ensemble's composing models and
-# every model's statistics, which perf_analyzer reads, only with the admin key: docs/security.md).
+# KEY:VALUE gRPC metadata for every call (e.g. triton-grpc-protocol-api-key:KEY with --api-key).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 URL="${1:-127.0.0.1:8001}"

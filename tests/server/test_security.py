@@ -123,7 +123,7 @@ def test_grpc_needs_the_api_key(svc):
 @pytest.mark.parametrize("model", INTERNAL)
 def test_internal_models_are_absent_at_the_edge(svc, model):
     for path in (f"/v2/models/{model}", f"/v2/models/{model}/generate",
-                 f"/v2/models/{model}/infer", f"/v2/models/{model}/config"):  # fmt: skip
+                 f"/v2/models/{model}/infer", f"/v2/models/{model}/ready"):  # fmt: skip
         r = requests.post(url(svc, path), json={"input_ids": [1, 2, 3], "seq_lens": [3]},
                           headers=AUTH, timeout=30)  # fmt: skip
         assert r.status_code == 404, (path, r.status_code, r.text[:200])
@@ -178,14 +178,16 @@ def test_internal_models_are_absent_over_grpc(svc, model):
     tensor = grpcclient.InferInput("input_ids", [3], "INT32")
     tensor.set_data_from_numpy(np.int32([1, 2, 3]))
     calls = (lambda: client.infer(model, [tensor], headers=GRPC_AUTH),
-             lambda: client.get_model_metadata(model, headers=GRPC_AUTH),
-             lambda: client.get_model_config(model, headers=GRPC_AUTH))  # fmt: skip
+             lambda: client.get_model_metadata(model, headers=GRPC_AUTH))  # fmt: skip
     try:
         for call in calls:
             with pytest.raises(InferenceServerException) as e:
                 call()
             assert e.value.status() == "StatusCode.NOT_FOUND" and e.value.message() == absent
         assert not client.is_model_ready(model, headers=GRPC_AUTH)
+        # read-only views stay (perf_analyzer reads an ensemble's steps): no pool, key or path
+        config = client.get_model_config(model, headers=GRPC_AUTH, as_json=True)["config"]
+        assert config["name"] == model and "bs_" not in json.dumps(config)
     finally:
         client.close()
     text, error = grpc_generate(svc, GRPC_AUTH, model)

@@ -76,8 +76,7 @@ def _ok(records, name: str) -> list[float]:
 def _run_pa(srv, reqs, res: FixedLoadResult, out: Path, timeout_s: float) -> None:
     try:
         recs = perf_analyzer.run(srv.grpc_url, "bucketserve", reqs, res.concurrency, len(reqs),
-                                 out / "perf_analyzer", timeout_s=timeout_s,
-                                 headers=srv.admin_headers)  # fmt: skip
+                                 out / "perf_analyzer", timeout_s=timeout_s)  # fmt: skip
     except Exception as e:  # reported; the rest of the benchmark still stands
         res.pa_error = str(e)[-1500:]
         return
@@ -104,8 +103,7 @@ def _run_external(srv, reqs, res: FixedLoadResult, out: Path, timeout_s: float, 
                 else ("tensorrtllm", "tensorrt_llm_bls")
             )
             res.ext[tool] = genai_perf.run(srv.grpc_url, reqs, res.concurrency, folder, timeout_s,
-                                           backend=backend, model=model,
-                                           headers=srv.admin_headers)  # fmt: skip
+                                           backend=backend, model=model)  # fmt: skip
     except Exception as e:
         res.ext_errors[tool] = str(e)[-1500:]
         return

@@ -84,8 +84,8 @@ def run(
     headers: dict[str, str] | None = None,
 ) -> dict[str, dict[str, float]]:
     """genai-perf on exactly `reqs` (same prompts, one output length); returns its CSV.
-    `headers`: gRPC metadata for perf_analyzer (the admin key an ensemble needs at the gRPC
-    edge: see perf_analyzer.command), passed in the environment, never on a command line."""
+    `headers`: gRPC metadata for every call (e.g. `triton-grpc-protocol-api-key` of a server
+    started with --api-key), passed in the environment, never on a command line."""
     prompts = out / "prompts.jsonl"
     n_out = write_prompts(reqs, prompts)
     env = dict(os.environ, CONCURRENCY=str(concurrency), REQUESTS=str(len(reqs)),

@@ -72,9 +72,7 @@ def command(
     url: str, model: str, data: Path, concurrency: int, requests: int, out: Path,
     headers: dict[str, str] | None = None,
 ) -> list[str]:  # fmt: skip
-    """`headers`: gRPC metadata for every call (`-H key:value`); for an ensemble perf_analyzer
-    reads its composing models' configs and every model's statistics, which the gRPC edge
-    shows only with the admin key (docs/security.md)."""
+    """`headers`: gRPC metadata for every call (`-H key:value`), e.g. the API key."""
     return [
         pa_binary(),
         "-m",

@@ -12,15 +12,17 @@ OPEN = ["/v2", "/v2/health/ready", "/v2/health/live", "/health", "/metrics", "/v
         "/v1/chat/completions", "/v2/models/bucketserve", "/v2/models/bucketserve/ready",
         "/v2/models/bucketserve/config", "/v2/models/bucketserve_bls/versions/1/generate_stream",
         "/v2/models/ensemble/generate", "/v2/models/tensorrt_llm_bls/infer",
-        "/v2/models/bucketserve/stats"]  # fmt: skip
+        "/v2/models/bucketserve/stats",
+        # read-only views of every model (perf_analyzer reads an ensemble's steps)
+        "/v2/models/decode_router/config", "/v2/models/prefill_0/versions/1/stats",
+        "/v2/models/stats"]  # fmt: skip
 INTERNAL = ["/v2/models/prefill_0/generate", "/v2/models/decode_0/infer", "/v2/models/scheduler",
-            "/v2/models/preprocessing/versions/1/infer", "/v2/models/decode_router/config",
+            "/v2/models/preprocessing/versions/1/infer", "/v2/models/decode_router/generate_stream",
             "/v2/models/decode_1/ready", "/v2/models/bucketserve/load", "/", "/v2/anything"]  # fmt: skip
 ADMIN = ["/v2/systemsharedmemory/region/x/register", "/v2/systemsharedmemory/status",
          "/v2/cudasharedmemory/region/x/register", "/v2/repository/index",
          "/v2/repository/models/prefill_0/load", "/v2/repository/models/bucketserve/unload",
-         "/v2/trace/setting", "/v2/models/bucketserve/trace/setting", "/v2/logging",
-         "/v2/models/stats"]  # fmt: skip
+         "/v2/trace/setting", "/v2/models/bucketserve/trace/setting", "/v2/logging"]  # fmt: skip
 
 
 @pytest.mark.parametrize("path", OPEN)

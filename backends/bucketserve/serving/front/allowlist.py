@@ -28,12 +28,17 @@ GRPC_ADMIN, GRPC_API_KEY = GRPC_PREFIX + ADMIN_HEADER, GRPC_PREFIX + API_KEY_HEA
 # Triton's API groups a client must not use (names as its --*-restricted-* flags spell them)
 ADMIN_GROUPS = ("shared-memory", "model-repository", "trace", "logging")
 ADMIN_PREFIXES = ("/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/repository",
-                  "/v2/trace", "/v2/logging", "/v2/models/stats")  # fmt: skip
+                  "/v2/trace", "/v2/logging")  # fmt: skip
 OPEN = frozenset({"/v2", "/v2/health/live", "/v2/health/ready", "/health", "/metrics"})
 HEALTH = frozenset({"/v2/health/live", "/v2/health/ready", "/health"})  # probes: never keyed
 MODEL_PATH = re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?(?P<action>/.*)?")
 MODEL_ACTIONS = frozenset({None, "/ready", "/config", "/stats", "/infer", "/generate",
                            "/generate_stream"})  # fmt: skip
+# Read-only views served for every model, internal ones included: perf_analyzer profiling an
+# ensemble reads each step's config and every model's statistics (names, shapes, instance
+# counts and counters; no pool name, key or path). Inference of an internal model stays absent.
+READ_ONLY_ACTIONS = frozenset({"/config", "/stats"})
+READ_ONLY_RPCS = frozenset({"ModelConfig", "ModelStatistics"})
 # Triton's gRPC methods (inference.GRPCInferenceService) by the API group its
 # --grpc-restricted-protocol files them under; ADMIN_GROUPS among them need the admin key
 GRPC_GROUPS = {
@@ -82,11 +87,15 @@ class AccessPolicy:
                                " header 'Authorization: Bearer <key>' (--api-key)")  # fmt: skip
         if is_admin or self.public_models is None or path in OPEN or path.startswith("/v1/"):
             return None
+        if path == "/v2/models/stats":  # every model's statistics (read-only)
+            return None
         found = MODEL_PATH.fullmatch(path)
         if path.startswith(ADMIN_PREFIXES) or (found and (found["action"] or "").startswith("/trace")):  # fmt: skip
             why = "send the header 'admin-key: <key>'" if self.admin_key else "no --admin-key set"
             return Refusal(403, "restricted", f"{path} is an administrator API ({why})")
         if found and found["model"] in self.public_models and found["action"] in MODEL_ACTIONS:
+            return None
+        if found and found["action"] in READ_ONLY_ACTIONS:
             return None
         if found:  # Triton's own words for a model it does not have
             return Refusal(404, "not_found", f"Request for unknown model: '{found['model']}'"
@@ -107,11 +116,13 @@ class AccessPolicy:
         if self.api_key and group != "health":
             if not same(metadata.get(GRPC_API_KEY, ""), self.api_key):
                 return Refusal(401, "unauthenticated", restricted(GRPC_API_KEY))
-        if group in ADMIN_GROUPS or (method == "ModelStatistics" and model == ""):
-            return Refusal(403, "restricted", restricted(GRPC_ADMIN))  # "": every model's
+        if group in ADMIN_GROUPS:
+            return Refusal(403, "restricted", restricted(GRPC_ADMIN))
         if model is None or self.public_models is None or model in self.public_models:
             return None
-        return Refusal(404, "not_found", unknown_model(method, model))
+        if method in READ_ONLY_RPCS:
+            return None
+        return Refusal(404, "not_found", unknown_model(model))
 
 
 def restricted(header: str) -> str:
@@ -119,10 +130,8 @@ def restricted(header: str) -> str:
     return f"This protocol is restricted, expecting header '{header}'"
 
 
-def unknown_model(method: str, model: str) -> str:
+def unknown_model(model: str) -> str:
     """What Triton answers for a model it does not have (ModelReady answers ready=false)."""
-    if method == "ModelStatistics":
-        return f"requested model '{model}' is not available"
     return f"Request for unknown model: '{model}' is not found"
 
 

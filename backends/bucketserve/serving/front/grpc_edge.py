@@ -77,13 +77,8 @@ def refused_answer(method: str, refusal: Refusal, raw: bytes) -> bytes | None:
 
 
 def status_of(method: str, refusal: Refusal) -> grpc.StatusCode:
-    """Triton's status codes: a missing key UNAVAILABLE, an absent model NOT_FOUND (statistics:
-    INVALID_ARGUMENT)."""
-    if refusal.status != 404:
-        return grpc.StatusCode.UNAVAILABLE
-    if method == "ModelStatistics":
-        return grpc.StatusCode.INVALID_ARGUMENT
-    return grpc.StatusCode.NOT_FOUND
+    """Triton's status codes: a missing key UNAVAILABLE, an absent model NOT_FOUND."""
+    return grpc.StatusCode.UNAVAILABLE if refusal.status != 404 else grpc.StatusCode.NOT_FOUND
 
 
 def upstream_status(e: grpc.aio.AioRpcError, target: str) -> tuple[grpc.StatusCode, str]:

@@ -4,9 +4,7 @@ clients use `http_url` / `grpc_url`, the edges' free ports, never Triton's own."
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from bucketserve.serving.front.allowlist import GRPC_ADMIN, grpc_metadata
+from bucketserve.serving.front.allowlist import grpc_metadata
 from bucketserve.serving.front.app import Front
 from bucketserve.serving.front.health import READY, Health
 from bucketserve.serving.front.metrics import FrontMetrics
@@ -27,10 +25,7 @@ class LocalEdge:
 
     def __init__(self, server: TritonServer, max_concurrent: int = 0) -> None:
         self.server = server
-        # the edges take the key Triton's admin APIs answer (cfg's, else its random one): tools
-        # such as perf_analyzer read every composing model's config and every model's
-        # statistics of an ensemble, which only the operator's view shows (admin_headers)
-        cfg = replace(server.cfg, admin_key=server.admin_key)
+        cfg = server.cfg
         health = Health()
         health.set(READY, upstream=f"http://{server.http_url}")
         metrics = FrontMetrics()
@@ -46,11 +41,6 @@ class LocalEdge:
     @property
     def http_url(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def admin_headers(self) -> dict[str, str]:
-        """gRPC metadata of the operator's view (perf_analyzer `-H`): every model, every API."""
-        return {GRPC_ADMIN: self.server.admin_key}
 
     @property
     def grpc_url(self) -> str:
