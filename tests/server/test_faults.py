@@ -183,10 +183,37 @@ def test_killed_decode_stub_ends_every_stream_with_an_error_and_the_server_recov
     check_killed_stub_recovers(svc, "decode_0_0")
 
 
-def check_killed_stub_recovers(svc, stub: str, n: int = 8) -> None:
-    """`n` streams decoding, `stub` SIGKILLed: every stream ends within 5 s with an error naming
-    it, readiness drops, the supervisor restarts the server (counted), and it serves again, over
-    HTTP and over the gRPC edge."""
+def test_the_canary_passes_through_the_chain(svc):
+    """The supervisor's canary (every 5 s by default) walks every stage of a healthy server and
+    never fails there: its latency is exported, its failures stay 0."""
+    deadline, count = time.monotonic() + 60, 0.0
+    while time.monotonic() < deadline:
+        text = requests.get(url(svc, "/metrics"), timeout=10).text
+        count = metric(text, "bucketserve_canary_latency_seconds_count")
+        if count >= 2:
+            break
+        time.sleep(1)
+    assert count >= 2, text
+    assert metric(text, "bucketserve_canary_failures_total") == 0
+    total = metric(text, "bucketserve_canary_latency_seconds_sum")
+    print(f"\ncanary: {count:.0f} sent, mean {total / count * 1000:.0f} ms through every stage")
+
+
+@pytest.mark.parametrize("stub", ["decode_0_0", "prefill_0_0"])
+def test_stopped_stub_is_named_and_the_server_recovers(svc, stub):
+    """A stage alive but stuck (SIGSTOP) under 8 streams: readiness 503 naming it within 15 s,
+    every stream ends with an error naming it within 20 s, served again within 120 s."""
+    check_killed_stub_recovers(svc, stub, sig=signal.SIGSTOP)
+
+
+def check_killed_stub_recovers(svc, stub: str, n: int = 8, sig=signal.SIGKILL) -> None:
+    """`n` streams decoding, `sig` sent to `stub`: every stream ends with an error naming it
+    (SIGKILL: within 5 s; SIGSTOP: 20 s), readiness drops naming it (SIGSTOP: within 15 s), the
+    supervisor restarts the server (counted), and it serves again, over HTTP and over the gRPC
+    edge."""
+    part = stub.split("_")[0]
+    restarts = f'bucketserve_server_restarts_total{{part="{part}"}}'
+    before = metric(requests.get(url(svc, "/metrics"), timeout=10).text, restarts)
     started: list = []
     out: list = []
     threads = [threading.Thread(target=stream_until_error, args=(svc, started, out, i))
@@ -198,29 +225,46 @@ def check_killed_stub_recovers(svc, stub: str, n: int = 8) -> None:
         time.sleep(0.05)
     assert len(started) == n, out
     old_server, victim = svc.server_pid(), svc.stub_pid(stub)
-    os.kill(victim, signal.SIGKILL)
+    os.kill(victim, sig)
     t_kill = time.monotonic()
-    time.sleep(1.0)
-    assert not svc.ready()
+    not_ready = None
+    while time.monotonic() - t_kill < 60:
+        r = requests.get(url(svc, "/v2/health/ready"), timeout=10)
+        if r.status_code == 503:
+            not_ready = time.monotonic() - t_kill, r.text
+            break
+        time.sleep(0.1)
+    assert not_ready is not None and stub in not_ready[1], not_ready
     for t in threads:
-        t.join(timeout=30)
+        t.join(timeout=60)
     waits = sorted(t_end - t_kill for _, _, t_end in out)
-    print(f"\n{n} streams ended {waits[0]:.2f}..{waits[-1]:.2f}s after the kill of {stub}")
+    print(f"\n{sig.name} {stub}: readiness 503 after {not_ready[0]:.1f}s ({not_ready[1][:120]});"
+          f" {n} streams ended {waits[0]:.2f}..{waits[-1]:.2f}s after it")  # fmt: skip
     assert len(out) == n
     for _, last, _ in out:
         assert "error" in last and stub in last["error"], last
-    assert waits[-1] < 5.0
-    recovered = svc.wait_ready(timeout_s=600) + 1.0
-    print(f"serving again {recovered:.0f}s after the kill")
+    assert waits[-1] < (5.0 if sig == signal.SIGKILL else 20.0)
+    assert not_ready[0] < 15.0
+    svc.wait_ready(timeout_s=600)
+    recovered = time.monotonic() - t_kill
+    print(f"serving again {recovered:.0f}s after the {sig.name}")
+    assert recovered < (600 if sig == signal.SIGKILL else 120)
     assert served(svc)
     # the gRPC edge too: Triton came back on the same internal gRPC port
     inputs = [tensor("text_input", [b"Hi"], "BYTES"), tensor("max_tokens", np.int32([4]), "INT32")]
     results, errors = grpc_call(svc, inputs)
     assert results and not errors, errors
     metrics = requests.get(url(svc, "/metrics"), timeout=10).text
-    part = stub.split("_")[0]
-    assert f'bucketserve_server_restarts_total{{part="{part}"}} 1.0' in metrics
+    assert metric(metrics, restarts) == before + 1
     assert not any(p.pid in (old_server, victim) for p in svc.processes())
+
+
+def metric(text: str, series: str) -> float:
+    """The value of one series in a Prometheus scrape; 0 if absent (a counter never touched)."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def test_sigterm_after_a_stub_died_leaves_no_process_and_no_shm(svc):

@@ -38,7 +38,9 @@ def svc(tmp_path_factory):
                       "--max-model-len", "2048", "--openai-port", str(OPENAI_PORT),
                       # two decode instances: `decode_router` exists only with several
                       "--decode-devices", "cpu", "--decode-devices", "cpu",
-                      "--api-key", API_KEY, "--admin-key", ADMIN_KEY)  # fmt: skip
+                      "--api-key", API_KEY, "--admin-key", ADMIN_KEY,
+                      # no canary: tests here compare prefill0's free blocks before and after
+                      "--canary-interval-s", "0")  # fmt: skip
     sp.start()
     try:
         sp.wait_ready()

@@ -99,6 +99,15 @@ def add_fault_args(p: argparse.ArgumentParser, d: ServeConfig) -> None:
         "--drain-timeout-s", type=float, default=d.drain_timeout_s,
         help="on SIGTERM/SIGINT, how long in-flight requests may still finish",
     )  # fmt: skip
+    p.add_argument(
+        "--canary-interval-s", type=float, default=d.canary_interval_s,
+        help="send a 2-token canary request through every stage this often; 0: off",
+    )  # fmt: skip
+    p.add_argument(
+        "--canary-timeout-s", type=float, default=d.canary_timeout_s,
+        help="a canary with no answer in this time (while no other request finished) fails;"
+        " two failures in a row restart the server, readiness naming the cause",
+    )  # fmt: skip
 
 
 def fault_fields(a: argparse.Namespace) -> dict:
@@ -107,6 +116,8 @@ def fault_fields(a: argparse.Namespace) -> dict:
         "max_queued_requests": a.max_queued_requests,
         "max_concurrent_requests": a.max_concurrent_requests,
         "drain_timeout_s": a.drain_timeout_s,
+        "canary_interval_s": a.canary_interval_s,
+        "canary_timeout_s": a.canary_timeout_s,
     }
 
 

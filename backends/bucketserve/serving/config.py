@@ -69,6 +69,12 @@ class ServeConfig:
     max_concurrent_requests: int = 0  # requests in flight at the front; 0: no cap
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
     restart_backoff_max_s: float = 30.0  # supervisor: longest wait between restarts
+    # the canary through the whole chain (serving/canary.py): every interval (0: off), failed
+    # when no FINAL within the timeout while no other request finished; this many in a row
+    # mark the chain wedged and restart the server
+    canary_interval_s: float = 5.0
+    canary_timeout_s: float = 20.0
+    canary_failures: int = 2
     openai_port: int = 9000  # a second port of the HTTP edge (OpenAI clients); 0: none
     # security (serving/front/allowlist.py, docs/security.md); never written to run_config.json
     admin_key: str = field(default="", repr=False)  # opens Triton's admin APIs; "": closed
@@ -143,6 +149,12 @@ class ServeConfig:
         if self.max_concurrent_requests < 0:
             raise ValueError(
                 f"max_concurrent_requests must be >= 0, got {self.max_concurrent_requests}"
+            )
+        if self.canary_interval_s < 0 or self.canary_timeout_s <= 0 or self.canary_failures < 1:
+            raise ValueError(
+                "canary_interval_s must be >= 0 (0: off), canary_timeout_s > 0 and"
+                f" canary_failures >= 1; got {self.canary_interval_s}, {self.canary_timeout_s}"
+                f" and {self.canary_failures}"
             )
         if self.drain_timeout_s < 0 or self.restart_backoff_max_s < 1:
             raise ValueError(

@@ -211,6 +211,11 @@ class TritonServer:
         self.stop()
 
 
+def triton_metrics_url(cfg: ServeConfig) -> str:
+    """Triton's Prometheus endpoint as a local client reaches it."""
+    return f"http://{local_host(cfg.host)}:{cfg.metrics_port}/metrics"
+
+
 def restricted_apis(cfg: ServeConfig, admin_key: str) -> list[str]:
     """Triton's own ports: its admin API groups need `admin_key` (HTTP header `admin-key`, gRPC
     `triton-grpc-protocol-admin-key`); with an API key, gRPC inference and metadata need it."""

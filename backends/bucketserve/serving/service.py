@@ -13,16 +13,12 @@ from bucketserve.serving.front.grpc_edge import GrpcEdge
 from bucketserve.serving.front.health import Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from bucketserve.serving.front.server import FrontServer
-from bucketserve.serving.launcher import TritonServer
+from bucketserve.serving.launcher import TritonServer, triton_metrics_url
 from bucketserve.serving.leftovers import claim_run_dir, release_run_dir, sweep_unmapped_shm
 from bucketserve.serving.openai.app import Settings
-from bucketserve.serving.ports import Port, check_free, free_port, local_host
+from bucketserve.serving.ports import Port, check_free, free_port
 from bucketserve.serving.procs import become_subreaper
 from bucketserve.serving.supervisor import Supervisor
-
-
-def triton_metrics_url(cfg: ServeConfig) -> str:
-    return f"http://{local_host(cfg.host)}:{cfg.metrics_port}/metrics"
 
 
 def public_ports(cfg: ServeConfig) -> list[Port]:

@@ -15,10 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from bucketserve.serving.canary import CanaryProbe, StoppedWatch
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.front.health import DEGRADED, READY, STARTING, STOPPING, Health
 from bucketserve.serving.front.metrics import FrontMetrics
-from bucketserve.serving.launcher import TritonServer
+from bucketserve.serving.launcher import TritonServer, triton_metrics_url
 from bucketserve.serving.ports import PortUnavailable, free_port
 from bucketserve.serving.procs import Stub, is_alive, stubs_of
 
@@ -122,7 +123,12 @@ class Supervisor:
         return None, ""
 
     def watch(self) -> tuple[str | None, str]:
-        """Block until the server or a stub dies, (cause, part); (None, "") on a stop request."""
+        """Block until the server or a stub dies, a stub stops, or the canary fails: (cause,
+        part); (None, "") on a stop request (serving/canary.py)."""
+        stopped = StoppedWatch()
+        canary = CanaryProbe(self.health.upstream, triton_metrics_url(self.cfg),
+                             self.cfg.canary_interval_s, self.cfg.canary_timeout_s,
+                             self.cfg.canary_failures, self.metrics)  # fmt: skip
         while not self.stopping.wait(WATCH_INTERVAL_S):
             rc = self.server.proc.poll()
             if rc is not None:
@@ -132,6 +138,13 @@ class Supervisor:
                     return f"stub process {stub.instance} (pid {stub.pid}) died", model_of(
                         stub.instance
                     )
+            stub = stopped.check(self.stubs)
+            if stub is not None:
+                return (f"stage {stub.instance} (pid {stub.pid}) is stopped: alive but making"
+                        " no progress", model_of(stub.instance))  # fmt: skip
+            failed = canary.poll()
+            if failed is not None:
+                return failed, "chain"
         return None, ""
 
     def fail(self, cause: str, part: str, delay: float) -> None:

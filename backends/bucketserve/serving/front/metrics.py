@@ -6,6 +6,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    Histogram,
     disable_created_metrics,
     generate_latest,
 )
@@ -37,6 +38,17 @@ class FrontMetrics:
         self.broken = Counter(
             "bucketserve_front_broken_requests",
             "In-flight requests ended with an error because the server went away",
+            registry=r,
+        )
+        self.canary_latency = Histogram(
+            "bucketserve_canary_latency_seconds",
+            "Time of the supervisor's canary request through every stage",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 60),
+            registry=r,
+        )
+        self.canary_failures = Counter(
+            "bucketserve_canary_failures",
+            "Canary requests that got no FINAL in time (or an error other than busy)",
             registry=r,
         )
         self.inflight = Gauge(
