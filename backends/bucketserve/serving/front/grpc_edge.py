@@ -11,7 +11,8 @@ same way, one by one as Triton sends them. A refused call gets the answer Triton
 model it does not have, or for a restricted protocol without its key.
 
 Cancelling (or dropping) a call here cancels the call to Triton, so cancellation still reaches
-the models (tests/server/test_cancel.py). It runs a grpc.aio server on its own thread and event
+the models (tests/server/test_cancel.py); requests on the `bucketserve` ensemble, which Triton
+would leave running, are stopped by id (front/grpc_stops.py). It runs a grpc.aio server on its own thread and event
 loop, next to the HTTP edge's.
 """
 
@@ -34,6 +35,7 @@ from bucketserve.serving.front.allowlist import (
     Refusal,
 )
 from bucketserve.serving.front.grpc_mux import UNLIMITED
+from bucketserve.serving.front.grpc_stops import StreamFollower, send_stops
 from bucketserve.serving.ports import Port, PortUnavailable
 
 SERVICE = "inference.GRPCInferenceService"
@@ -58,6 +60,14 @@ def requested_model(method: str, raw: bytes) -> str | None:
     except DecodeError as e:
         raise BadRequest(f"cannot parse {method} request: {e}") from None
     return req.model_name if method in ("ModelInfer", "ModelStreamInfer") else req.name
+
+
+def stream_request(raw: bytes) -> service_pb2.ModelInferRequest:
+    """One request of a ModelStreamInfer call, parsed as Triton parses it."""
+    try:
+        return service_pb2.ModelInferRequest.FromString(raw)
+    except DecodeError as e:
+        raise BadRequest(f"cannot parse ModelStreamInfer request: {e}") from None
 
 
 def refused_answer(method: str, refusal: Refusal, raw: bytes) -> bytes | None:
@@ -107,6 +117,7 @@ class Proxy(grpc.GenericRpcHandler):
         self.channel, self.target = channel, target
         self.policy, self.metadata = policy, tuple(metadata)
         self.on_refusal = on_refusal or (lambda reason: None)
+        self.stopping: set[asyncio.Task] = set()  # stops in flight (kept from the collector)
 
     def service(self, details: grpc.HandlerCallDetails):
         method = method_of(details.method)
@@ -158,17 +169,18 @@ class Proxy(grpc.GenericRpcHandler):
         if refusal is not None:
             await context.abort(status_of("ModelStreamInfer", refusal), refusal.message)
         out: asyncio.Queue = asyncio.Queue(maxsize=64)  # bounded: a slow client slows Triton
+        follower = StreamFollower()  # ensemble requests: stopped by id if the client leaves
 
         async def allowed() -> AsyncIterator[bytes]:
             async for raw in requests:
                 try:
-                    model = requested_model("ModelStreamInfer", raw)
+                    req = stream_request(raw)
                 except BadRequest as e:
                     await out.put(e)
                     return
-                refusal = self.check("ModelStreamInfer", model, client)
+                refusal = self.check("ModelStreamInfer", req.model_name, client)
                 if refusal is None:
-                    yield raw
+                    yield follower.request(req, raw)
                 else:
                     await out.put(refused_answer("ModelStreamInfer", refusal, raw))
 
@@ -179,7 +191,7 @@ class Proxy(grpc.GenericRpcHandler):
         async def pump() -> None:
             try:
                 async for resp in call:
-                    await out.put(resp)
+                    await out.put(follower.response(resp))
                 await out.put(END)
             except grpc.aio.AioRpcError as e:
                 await out.put(e)
@@ -195,6 +207,12 @@ class Proxy(grpc.GenericRpcHandler):
         finally:  # done, failed, or the client cancelled / went away: Triton's call ends too
             call.cancel()
             reader.cancel()
+            stops = follower.stops()
+            if stops:  # ensemble requests Triton would leave running
+                task = asyncio.get_running_loop().create_task(send_stops(
+                    self.channel, SERVICE, stops, self.upstream_metadata(client)))  # fmt: skip
+                self.stopping.add(task)
+                task.add_done_callback(self.stopping.discard)
 
 
 def client_metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
