@@ -98,14 +98,7 @@ def start_server(args):
                       run_dir=tempfile.mkdtemp(prefix="burst-"), model=args.serve_model,
                       prefill_devices=["cpu"] * args.prefill,
                       decode_devices=["cpu"] * args.decode)  # fmt: skip
-    server = TritonServer(cfg)
-    server.start()
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return TritonServer(cfg).start_ready()
 
 
 def main(argv: list[str] | None = None) -> int:

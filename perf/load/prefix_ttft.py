@@ -83,14 +83,7 @@ def start_server(args, caching: bool):
     cfg = ServeConfig(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                       openai_port=0, run_dir=tempfile.mkdtemp(prefix="prefix-ttft-"),
                       topology=args.topology, enable_prefix_caching=caching)  # fmt: skip
-    server = TritonServer(cfg)
-    server.start()
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return TritonServer(cfg).start_ready()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,28 +10,13 @@ import jsonschema
 import openai
 import pytest
 
+from tests.schemas import PERSON as SCHEMA
+
 from .helpers import generate, openai_client, wait_all_blocks_free
 
 pytestmark = pytest.mark.server
 
 MODEL = "smollm2"
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 40},
-        "age": {"type": "integer"},
-        "city": {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "maxLength": 40},
-                "country": {"enum": ["France", "Spain", "Other"]},
-            },
-            "required": ["name", "country"],
-        },  # fmt: skip
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
-    },
-    "required": ["name", "age", "city", "hobbies"],
-}
 ASK = "Describe a person who lives in Paris, as JSON."
 
 

@@ -198,7 +198,8 @@ class TritonServer:
             reap_children()  # stubs re-parented to us (a subreaper) after the server died
         clean_shm(self.cfg.run_id)
 
-    def __enter__(self) -> TritonServer:
+    def start_ready(self) -> TritonServer:
+        """start() and wait_ready(); stopped again if it never gets ready."""
         self.start()
         try:
             self.wait_ready()
@@ -206,6 +207,9 @@ class TritonServer:
             self.stop()
             raise
         return self
+
+    def __enter__(self) -> TritonServer:
+        return self.start_ready()
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -57,6 +57,19 @@ def prefill_seqs(runner, bm: BlockManager, prompts: list[list[int]]) -> list[Seq
     return seqs
 
 
+def step_logits(runner, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prefill logits, one decode step's logits after token 7) of `prompts`; closes runner."""
+    bm = BlockManager(runner.num_blocks, runner.block_size)
+    seqs = prefill_seqs(runner, bm, prompts)
+    prefill = runner.prefill_logits(seqs)
+    for seq in seqs:
+        seq.append_token(7)
+        bm.ensure_slot(seq)
+    decode = runner.decode_logits(seqs)
+    runner.close()
+    return prefill, decode
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max|a - b| / max|b|."""
     return float((a - b).abs().max() / b.abs().max())

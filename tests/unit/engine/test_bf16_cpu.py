@@ -11,13 +11,17 @@ from bucketserve.engine import cpu_ops
 from bucketserve.engine.attention import store_kv
 from bucketserve.engine.attention.cpu_paged import CpuPagedBackend
 from bucketserve.engine.attention.sdpa import SdpaBackend
-from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.config import EngineConfig, auto_dtype, dtype_reason, resolve_dtype
 from bucketserve.engine.model import RMSNorm
 from bucketserve.engine.rope import apply_rope
 from bucketserve.engine.runner import ModelRunner
 
-from tests.unit.engine.helpers import paged_decode, prefill_seqs, rel_err, scattered_paged_cache
+from tests.unit.engine.helpers import (
+    paged_decode,
+    rel_err,
+    scattered_paged_cache,
+    step_logits,
+)
 
 BF16 = torch.bfloat16
 CPU = torch.device("cpu")
@@ -116,14 +120,7 @@ def test_bf16_runner_with_kernels_matches_its_eager_reference(model):
         assert (runner.linear_impl, runner.elementwise_impl, runner.attention_backend) == (
             ("onednn", "cpp", "cpu_paged") if fast else ("torch", "torch", "sdpa")
         )
-        bm = BlockManager(runner.num_blocks, runner.block_size)
-        seqs = prefill_seqs(runner, bm, prompts)
-        prefill = runner.prefill_logits(seqs)
-        for seq in seqs:
-            seq.append_token(7)
-            bm.ensure_slot(seq)
-        logits[fast] = (prefill, runner.decode_logits(seqs))
-        runner.close()
+        logits[fast] = step_logits(runner, prompts)
     for ours, ref in zip(logits[True], logits[False], strict=True):
         assert ours.dtype == torch.float32  # logits (and sampling) stay float32
         assert rel_err(ours, ref) < 3e-2  # bf16 keeps ~3 significant digits per op

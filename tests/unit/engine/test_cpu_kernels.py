@@ -14,7 +14,12 @@ from bucketserve.engine.model import RMSNorm
 from bucketserve.engine.rope import apply_rope
 from bucketserve.engine.runner import ModelRunner
 
-from tests.unit.engine.helpers import paged_decode, prefill_seqs, rel_err, scattered_paged_cache
+from tests.unit.engine.helpers import (
+    paged_decode,
+    rel_err,
+    scattered_paged_cache,
+    step_logits,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -104,7 +109,6 @@ def test_rope_and_store_kv_matches_reference(kernels):
 @pytest.mark.parametrize("model", ["dummy:tiny", "dummy:tiny-qwen3"])
 def test_runner_with_kernels_matches_eager_reference(model):
     """The fast path (C++ kernels, fused oneDNN linears) against the plain HF-layout model."""
-    from bucketserve.engine.block_manager import BlockManager
 
     prompts = [list(range(10, 10 + n)) for n in (1, 4, 9, 30)]
     logits = {}
@@ -116,14 +120,7 @@ def test_runner_with_kernels_matches_eager_reference(model):
         assert runner.elementwise_impl == ("cpp" if fast else "torch")
         # oneDNN linears run their shapes once at start-up; the HF layout has none to run
         assert ("GEMM shapes run at start-up" in runner.describe()) == fast
-        bm = BlockManager(runner.num_blocks, runner.block_size)
-        seqs = prefill_seqs(runner, bm, prompts)
-        prefill = runner.prefill_logits(seqs)
-        for seq in seqs:
-            seq.append_token(7)
-            bm.ensure_slot(seq)
-        logits[fast] = (prefill, runner.decode_logits(seqs))
-        runner.close()
+        logits[fast] = step_logits(runner, prompts)
     for ours, ref in zip(logits[True], logits[False], strict=True):
         assert rel_err(ours, ref) < 1e-5
 

@@ -12,23 +12,8 @@ from bucketserve.engine.config import EngineConfig
 from bucketserve.engine.llm_engine import LLMEngine
 from bucketserve.engine.sampling_params import SamplingParams
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 40},
-        "age": {"type": "integer"},
-        "city": {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "maxLength": 40},
-                "country": {"enum": ["France", "Spain", "Other"]},
-            },
-            "required": ["name", "country"],
-        },  # fmt: skip
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
-    },
-    "required": ["name", "age", "city", "hobbies"],
-}
+from tests.schemas import PERSON as SCHEMA
+
 QUESTIONS = ("Describe a person who lives in Paris as JSON.", "Invent a chef from Madrid.",
              "Tell me about a student.", "Who are you?")  # fmt: skip
 

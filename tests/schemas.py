@@ -1,0 +1,19 @@
+"""The JSON schema the structured-output tests ask for: nested object, array, enum, required."""
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer"},
+        "city": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 40},
+                "country": {"enum": ["France", "Spain", "Other"]},
+            },
+            "required": ["name", "country"],
+        },  # fmt: skip
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
+    },
+    "required": ["name", "age", "city", "hobbies"],
+}
