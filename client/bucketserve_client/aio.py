@@ -15,13 +15,13 @@ from bucketserve_client.client import (
     ENSEMBLE,
     FINAL_WAIT_S,
     STOP_WAIT_S,
+    ClientBase,
     merge_params,
     new_request_id,
 )
-from bucketserve_client.params import GenerationParams, build_inputs, check_model, stop_inputs
+from bucketserve_client.params import GenerationParams, build_inputs, stop_inputs
 from bucketserve_client.response import (
     Chunk,
-    Collector,
     Completion,
     GenerationError,
     StreamState,
@@ -61,18 +61,13 @@ async def next_response(responses, state: StreamState, timeout_s: float | None):
         raise GenerationError(error_message(e), state.request_id) from None
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """asyncio BucketServe client; any number of concurrent requests share one gRPC channel."""
 
     def __init__(
         self, url: str = "127.0.0.1:8001", model: str = ENSEMBLE, timeout_s: float | None = None
     ) -> None:
-        check_model(model)
-        if timeout_s is not None and timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
-        self.url = url
-        self.model = model
-        self.timeout_s = timeout_s
+        super().__init__(url, model, timeout_s)
         self._grpc: grpcaio.InferenceServerClient | None = None
 
     def channel(self) -> grpcaio.InferenceServerClient:
@@ -102,9 +97,7 @@ class AsyncClient:
         **overrides,
     ) -> Completion:
         """The whole completion; stream=True has the server send deltas (a real ttft_s)."""
-        inputs = build_inputs(prompt, merge_params(params, overrides), stream=stream)
-        state = StreamState(new_request_id())
-        collector = Collector(state.request_id)
+        inputs, state, collector = self._start(prompt, params, overrides, stream)
         async for chunk in self._run(inputs, state):
             collector.add(chunk)
         return collector.completion(time.monotonic() - state.start)

@@ -47,8 +47,8 @@ def merge_params(params: GenerationParams | None, overrides: dict) -> Generation
     return replace(params or GenerationParams(), **overrides)
 
 
-class Client:
-    """Synchronous BucketServe client; thread-safe (each request opens its own gRPC stream)."""
+class ClientBase:
+    """What both clients share: the server's gRPC address, the entry model, a timeout."""
 
     def __init__(
         self, url: str = "127.0.0.1:8001", model: str = ENSEMBLE, timeout_s: float | None = None
@@ -60,6 +60,17 @@ class Client:
         self.model = model
         self.timeout_s = timeout_s
 
+    @staticmethod
+    def _start(prompt: str, params, overrides: dict, stream: bool):
+        """(inputs, state, collector) of one whole-completion request."""
+        inputs = build_inputs(prompt, merge_params(params, overrides), stream=stream)
+        state = StreamState(new_request_id())
+        return inputs, state, Collector(state.request_id)
+
+
+class Client(ClientBase):
+    """Synchronous BucketServe client; thread-safe (each request opens its own gRPC stream)."""
+
     def generate(
         self,
         prompt: str,
@@ -69,9 +80,7 @@ class Client:
         **overrides,
     ) -> Completion:
         """The whole completion; stream=True has the server send deltas (a real ttft_s)."""
-        inputs = build_inputs(prompt, merge_params(params, overrides), stream=stream)
-        state = StreamState(new_request_id())
-        collector = Collector(state.request_id)
+        inputs, state, collector = self._start(prompt, params, overrides, stream)
         for chunk in self._run(inputs, state):
             collector.add(chunk)
         return collector.completion(time.monotonic() - state.start)

@@ -7,11 +7,11 @@ from bucketserve.engine.config import EngineConfig
 from bucketserve.engine.guided import check_guide
 from bucketserve.engine.runner import ModelRunner
 from bucketserve.engine.sampling_params import SamplingParams
-from bucketserve.engine.scheduler import BatchLimits, Scheduler
+from bucketserve.engine.scheduler import BatchLimits, PreemptionCounters, Scheduler
 from bucketserve.engine.sequence import Sequence
 
 
-class LLMEngine:
+class LLMEngine(PreemptionCounters):
     """Runs lists of prompts to completion on one ModelRunner (parity tests, benchmarks).
 
     Every iteration is one fused forward pass: a token for each running sequence plus prompt
@@ -31,16 +31,6 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, limits, self.eos_token_ids, self.max_model_len
         )
-
-    @property
-    def num_preemptions(self) -> int:
-        """Sequences preempted (and later recomputed) so far."""
-        return self.scheduler.num_preemptions
-
-    @property
-    def num_recomputed_tokens(self) -> int:
-        """Tokens whose KV was rebuilt after a preemption."""
-        return self.scheduler.num_recomputed_tokens
 
     @property
     def num_cached_tokens(self) -> int:

@@ -214,3 +214,20 @@ class Scheduler:
             else:
                 seq.num_cached_tokens = seq.num_computed_tokens
         self.blocks.allocate_for(seq, seq.num_tokens)
+
+
+class PreemptionCounters:
+    """The preemption counters of whatever runs a `scheduler` (the engine, a decode worker);
+    read by metrics threads."""
+
+    scheduler: Scheduler
+
+    @property
+    def num_preemptions(self) -> int:
+        """Sequences preempted (and later recomputed) so far."""
+        return self.scheduler.num_preemptions
+
+    @property
+    def num_recomputed_tokens(self) -> int:
+        """Tokens whose KV was rebuilt after a preemption (or, in decode, an expired hand-off)."""
+        return self.scheduler.num_recomputed_tokens

@@ -8,7 +8,13 @@ import queue
 import threading
 import time
 
-from bucketserve.engine.scheduler import BatchLimits, ScheduledStep, Scheduler, StepResult
+from bucketserve.engine.scheduler import (
+    BatchLimits,
+    PreemptionCounters,
+    ScheduledStep,
+    Scheduler,
+    StepResult,
+)
 from bucketserve.engine.sequence import Sequence, check_stop
 from bucketserve.scheduling.memory import capacity_message
 from bucketserve.serving.config import ServeConfig
@@ -23,7 +29,7 @@ IDLE_WAIT_S = 0.01
 log = logging.getLogger(__name__)
 
 
-class DecodeWorker:
+class DecodeWorker(PreemptionCounters):
     """Owns the runner's iterations; `submit`/`cancel` are the only entry points.
 
     A request arrives either with its KV in a prefill pool (disaggregated: a hand-off, pulled
@@ -50,16 +56,6 @@ class DecodeWorker:
         self.intake = KvIntake(runner, run)  # run: where the prefill pools are
         self.num_received = 0
         self.stopping = False
-
-    @property
-    def num_preemptions(self) -> int:
-        """Sequences preempted so far (read by the metrics thread)."""
-        return self.scheduler.num_preemptions
-
-    @property
-    def num_recomputed_tokens(self) -> int:
-        """Tokens whose KV was rebuilt here after a preemption or an expired hand-off."""
-        return self.scheduler.num_recomputed_tokens
 
     def submit(self, key: int, handoff: Handoff) -> None:
         self.inbox.put(Stream(key, handoff))
