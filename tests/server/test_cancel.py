@@ -173,22 +173,23 @@ def test_http_disconnect_before_a_whole_answer(server, path, body):
 
 
 def test_stop_request_on_ensemble(server):
-    client, col, ids = start_streams(server, "bucketserve")
+    check_stop_requests(server, "stop request (ensemble)")
+
+
+def check_stop_requests(server, label: str, tokens: int = LONG) -> None:
+    """N streams on the ensemble, each stopped by a `stop` request with its id: every block
+    comes back, and each id sees two FINALs (the stream and the stop), both "cancelled"."""
+    client, col, ids = start_streams(server, "bucketserve", tokens=tokens)
     for rid in ids:
-        client.async_stream_infer(
-            "bucketserve",
-            inputs("stop", stop=True),
-            request_id=rid,
-            enable_empty_final_response=True,
-        )
-    assert_blocks_return(server, "stop request (ensemble)")
+        client.async_stream_infer("bucketserve", inputs("stop", stop=True), request_id=rid,
+                                  enable_empty_final_response=True)  # fmt: skip
+    assert_blocks_return(server, label)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(col.finals) < 2 * N:
+    while time.monotonic() < deadline and len(col.finals) < 2 * len(ids):
         time.sleep(0.05)
     client.stop_stream()
     client.close()
     assert not col.errors, col.errors
-    # each id saw two FINALs: the stopped stream and the stop request itself, both "cancelled"
     assert sorted(rid for rid, _ in col.finals) == sorted(ids * 2), col.finals
     assert all(reason == "cancelled" for _, reason in col.finals), col.finals
 

@@ -14,7 +14,7 @@ import pytest
 
 from .conftest import start_server
 from .helpers import generate, metric_value, stream_events, wait_all_blocks_free
-from .test_cancel import assert_blocks_return, inputs, start_streams
+from .test_cancel import assert_blocks_return, check_stop_requests, start_streams
 from .test_placement import counts, payload
 
 pytestmark = pytest.mark.server
@@ -108,14 +108,7 @@ def test_colocated_grpc_cancel_returns_every_block(colocated, model):
 
 
 def test_colocated_stop_request_on_ensemble(colocated):
-    client, col, ids = start_streams(colocated, "bucketserve")
-    for rid in ids:
-        client.async_stream_infer("bucketserve", inputs("stop", stop=True), request_id=rid,
-                                  enable_empty_final_response=True)  # fmt: skip
-    assert_blocks_return(colocated, "stop request (ensemble, colocated)")
-    client.stop_stream()
-    client.close()
-    assert not col.errors, col.errors
+    check_stop_requests(colocated, "stop request (ensemble, colocated)")
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ queue limit, a killed decode stub (the server restarts), and a SIGTERM right aft
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -33,10 +34,16 @@ pytestmark = [pytest.mark.server, pytest.mark.timeout(1200)]
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("faults") / "run"
-    sp = ServeProcess(
-        run_dir, "--kv-cache-gb", "0.5", "--max-model-len", "2048",
-        "--max-queued-requests", str(QUEUE_LIMIT), "--drain-timeout-s", "5",
-    )  # fmt: skip
+    with running(run_dir, "--kv-cache-gb", "0.5", "--max-model-len", "2048",
+                 "--max-queued-requests", str(QUEUE_LIMIT), "--drain-timeout-s", "5") as sp:  # fmt: skip
+        yield sp
+
+
+@contextlib.contextmanager
+def running(run_dir, *args: str):
+    """`bucketserve serve *args` in its own process, ready; killed at the end unless a test
+    stopped it already."""
+    sp = ServeProcess(run_dir, *args)
     sp.start()
     try:
         sp.wait_ready()

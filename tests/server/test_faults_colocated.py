@@ -4,12 +4,13 @@ died leaves nothing behind — what test_faults.py holds for the disaggregated d
 
 from __future__ import annotations
 
-import signal
-
 import pytest
-from bucketserve.serving.serve_process import ServeProcess
 
-from tests.server.test_faults import check_killed_stub_recovers, check_sigterm_after_a_stub_died
+from tests.server.test_faults import (
+    check_killed_stub_recovers,
+    check_sigterm_after_a_stub_died,
+    running,
+)
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(1200)]
 
@@ -17,14 +18,9 @@ pytestmark = [pytest.mark.server, pytest.mark.timeout(1200)]
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("faults-colocated") / "run"
-    sp = ServeProcess(run_dir, "--topology", "colocated", "--kv-cache-gb", "0.5",
-                      "--max-model-len", "2048", "--drain-timeout-s", "5")  # fmt: skip
-    sp.start()
-    try:
-        sp.wait_ready()
+    with running(run_dir, "--topology", "colocated", "--kv-cache-gb", "0.5",
+                 "--max-model-len", "2048", "--drain-timeout-s", "5") as sp:  # fmt: skip
         yield sp
-    finally:
-        sp.stop(signal.SIGKILL if sp.proc.poll() is None else signal.SIGTERM)
 
 
 def test_killed_engine_stub_ends_every_stream_with_an_error_and_the_server_recovers(svc):

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import re
-import time
 
 import pytest
 import requests
 
 from .conftest import start_server
 from .helpers import generate, stream_events, wait_all_blocks_free
-from .test_cancel import assert_blocks_return, inputs, start_streams
+from .test_cancel import assert_blocks_return, check_stop_requests, start_streams
 
 pytestmark = pytest.mark.server
 
@@ -110,20 +109,7 @@ def test_work_lands_where_the_scheduler_placed_it(server_2p2d):
 def test_stop_and_cancel_reach_the_decode_instance_holding_the_request(server_2p2d):
     """Stops name a request, not an instance: the router and bucketserve_bls send them to
     every decode_<i>; each stopped stream ends "cancelled" and every block comes back."""
-    client, col, ids = start_streams(server_2p2d, "bucketserve", tokens=STREAM_TOKENS)
-    for rid in ids:
-        client.async_stream_infer("bucketserve", inputs("stop", stop=True), request_id=rid,
-                                  enable_empty_final_response=True)  # fmt: skip
-    assert_blocks_return(server_2p2d, "stop request (ensemble, 2 decode instances)")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(col.finals) < 2 * len(ids):
-        time.sleep(0.05)
-    client.stop_stream()
-    client.close()
-    assert not col.errors, col.errors
-    # each id: the stopped stream and the stop request itself, both FINAL "cancelled"
-    assert sorted(rid for rid, _ in col.finals) == sorted(ids * 2), col.finals
-    assert all(reason == "cancelled" for _, reason in col.finals), col.finals
+    check_stop_requests(server_2p2d, "stop request (ensemble, 2 decode instances)", STREAM_TOKENS)
     client, _, _ = start_streams(server_2p2d, "bucketserve_bls", tokens=STREAM_TOKENS)
     client.stop_stream(cancel_requests=True)
     client.close()
