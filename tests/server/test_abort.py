@@ -30,17 +30,19 @@ STAGES = ("queued", "prefill", "decoding")
 PREFILL_DELAY_S = 1.0
 
 
-def filler_prompt(i: int) -> str:
-    """~1,500 tokens of Python source: a prefill that keeps the prefill instance busy."""
+def filler_prompt() -> str:
+    """~1,500 tokens of Python source behind a unique first line (no prefix-cache hit): a
+    prefill of ~2.5 s on the test servers that keeps the prefill instance busy."""
     import argparse
 
-    return f"# {i}\n" + inspect.getsource(argparse)[:6000]
+    return f"# {uuid.uuid4().hex}\n" + inspect.getsource(argparse)[:6000]
 
 
-def start_fillers(server, n: int = 3) -> list[threading.Thread]:
-    """Long prompts, one token each: the targets sent next queue behind their prefill."""
+def start_fillers(server, n: int = 1) -> list[threading.Thread]:
+    """Long prompts (one by default), one token each: the targets sent next queue behind
+    their prefill or join its batch."""
     threads = [threading.Thread(target=generate, args=(server, {
-        "text_input": filler_prompt(i), "max_tokens": 1}), daemon=True) for i in range(n)]  # fmt: skip
+        "text_input": filler_prompt(), "max_tokens": 1}), daemon=True) for _ in range(n)]  # fmt: skip
     for t in threads:
         t.start()
     time.sleep(0.3)  # the fillers reach the scheduler first
