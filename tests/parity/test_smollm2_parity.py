@@ -31,7 +31,7 @@ def test_prompt_set_is_varied(references):
     assert any(len(r.tokens) == MAX_NEW_TOKENS for r in references)
 
 
-@pytest.mark.parametrize("max_num_seqs", [1, 7, 32])
+@pytest.mark.parametrize("max_num_seqs", [1, 32])  # one at a time; 46 sequences over 32 rows
 def test_greedy_tokens_match_transformers(runner, references, max_num_seqs):
     config = EngineConfig(model=runner.config.model, device="cpu", max_num_seqs=max_num_seqs)
     engine = LLMEngine(config, runner=runner)

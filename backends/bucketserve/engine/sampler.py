@@ -74,7 +74,10 @@ def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     z = (z ^ _srl(z, 30)) * -4658895280553007687
     z = (z ^ _srl(z, 27)) * -7723592293110705685
     z = z ^ _srl(z, 31)
-    u = (_srl(z, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1)
+    # 23 bits, not 24: (2**24 - 0.5) / 2**24 rounds to 1.0 in float32, whose noise is +inf,
+    # and -inf (a masked token) + inf = NaN, which argmax picks: once in ~350 steps a masked
+    # (or any) token was sampled. With 23 bits u stays in [2**-24, 1 - 2**-24], both exact.
+    u = (_srl(z, 41).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
     return -torch.log(-torch.log(u))
 
 
