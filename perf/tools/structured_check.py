@@ -22,24 +22,8 @@ from pathlib import Path
 import jsonschema
 import openai
 import requests
+from bucketserve.bench.schemas import PERSON as SCHEMA
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 40},
-        "age": {"type": "integer"},
-        "city": {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "maxLength": 40},
-                "country": {"enum": ["France", "Spain", "Italy", "Other"]},
-            },
-            "required": ["name", "country"],
-        },
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
-    },
-    "required": ["name", "age", "city", "hobbies"],
-}
 CITIES = ["Paris", "Madrid", "Rome", "Lyon", "Seville", "Milan", "Nice", "Valencia", "Turin",
           "Lille", "Bilbao", "Naples", "Bordeaux", "Granada", "Florence", "Toulouse", "Malaga",
           "Venice", "Nantes", "Cadiz"]  # fmt: skip

@@ -9,8 +9,7 @@ import json
 import jsonschema
 import openai
 import pytest
-
-from tests.schemas import PERSON as SCHEMA
+from bucketserve.bench.schemas import PERSON as SCHEMA
 
 from .helpers import generate, openai_client, wait_all_blocks_free
 

@@ -7,12 +7,11 @@ import json
 
 import jsonschema
 import pytest
+from bucketserve.bench.schemas import PERSON as SCHEMA
 from bucketserve.engine import loader
 from bucketserve.engine.config import EngineConfig
 from bucketserve.engine.llm_engine import LLMEngine
 from bucketserve.engine.sampling_params import SamplingParams
-
-from tests.schemas import PERSON as SCHEMA
 
 QUESTIONS = ("Describe a person who lives in Paris as JSON.", "Invent a chef from Madrid.",
              "Tell me about a student.", "Who are you?")  # fmt: skip

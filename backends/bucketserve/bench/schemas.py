@@ -1,4 +1,6 @@
-"""The JSON schema the structured-output tests ask for: nested object, array, enum, required."""
+"""The JSON schema structured-output tests and checks ask for: nested object, array, enum,
+required fields (tests/server/test_guided.py, tests/unit/engine/test_guided_engine.py,
+perf/tools/structured_check.py)."""
 
 PERSON = {
     "type": "object",
