@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import tempfile
 import time
 
 from bucketserve.bench.device import device, emit, on_gpu, skipped
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bucketserve.serving.ports import free_port
 
 
 def main() -> None:

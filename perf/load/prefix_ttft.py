@@ -16,23 +16,16 @@ import argparse
 import inspect
 import json
 import random
-import socket
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 
 import requests
+from bucketserve.bench.local import caching_on_then_off
 
 WORDS = ("why how which where does the this function class value return error list parse "
          "string number file line call module argument default option help name type").split()  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def system_prompt(chars: int) -> str:
@@ -76,16 +69,6 @@ def series(url: str, args, label: str) -> dict:
             "cached_tokens": [r["num_cached_tokens"] for r in rows]}  # fmt: skip
 
 
-def start_server(args, caching: bool):
-    from bucketserve.serving.config import ServeConfig
-    from bucketserve.serving.launcher import TritonServer
-
-    cfg = ServeConfig(http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                      openai_port=0, run_dir=tempfile.mkdtemp(prefix="prefix-ttft-"),
-                      topology=args.topology, enable_prefix_caching=caching)  # fmt: skip
-    return TritonServer(cfg).start_ready()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default=None, help="HTTP host:port of a running server")
@@ -100,13 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         print(json.dumps(series(args.url, args, args.url)), flush=True)
         return 0
-    for caching in (True, False):
-        server = start_server(args, caching)
-        try:
-            summary = series(server.http_url, args, f"prefix caching {'on' if caching else 'off'}")
-        finally:
-            server.stop()
-        print(json.dumps(summary), flush=True)
+    caching_on_then_off(
+        "prefix-ttft-", lambda url, label: [series(url, args, label)], topology=args.topology
+    )
     return 0
 
 

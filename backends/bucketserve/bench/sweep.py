@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from bucketserve.bench.metrics import RunSummary, summarize
 from bucketserve.bench.records import RequestRecord, write_jsonl
 from bucketserve.bench.workloads import BenchRequest
 from bucketserve.serving.front.local import LocalEdge
+from bucketserve.serving.ports import free_port
 
 IDLE_TIMEOUT_S = 60.0  # after each rate: wait for the server to drain before the next one
 WARMUP_TIMEOUT_S = 90.0
@@ -54,12 +54,6 @@ class SweepResult:
     start_s: float
     extra: object = None  # what the `after` hook of run_sweep returned
     error: str = ""  # why the sweep stopped early (server start, warm-up), "" when complete
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_for(target: Target, plan: SweepPlan, run_root: Path):

@@ -4,7 +4,6 @@ Triton's HTTP API, and a gRPC server speaking Triton's protocol for generate."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,6 +14,7 @@ from bucketserve.serving.front.app import Front
 from bucketserve.serving.front.health import DEGRADED, READY, Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from bucketserve.serving.front.server import FrontServer
+from bucketserve.serving.ports import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -24,12 +24,6 @@ from tests.unit.serving.grpc_upstream import GrpcUpstream
 
 LIMIT = 64 * 1024
 STAND_IN = AccessPolicy(public_models=None)  # the stand-in upstreams' models are not ours
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Upstream:
