@@ -60,6 +60,8 @@ def optimize(model: CausalLM, device: torch.device, dtype: torch.dtype,
     except RuntimeError as e:  # e.g. bf16 on a CPU without bf16 GEMMs
         log.warning("oneDNN weight packing failed (%s); using torch linears", e)
         return "torch", elementwise
+    if elementwise == "cpp":
+        use_decode_layers(model)
     return "onednn", elementwise
 
 
@@ -267,3 +269,47 @@ def swap_classes(model: CausalLM, table: dict) -> int:
             module.__class__ = fast
             swapped += 1
     return swapped
+
+
+class CpuCausalLM(CausalLM):
+    """CausalLM whose decode-only steps on the C++ paged backend run every decoder layer in
+    one C++ call (torch.ops.bucketserve.decode_layers, csrc/decode_layers.cpp): the same
+    kernels and oneDNN GEMMs on the same shapes as the layers' Python path, bit for bit, without
+    its per-layer module calls. Prefill, mixed and chunked steps keep the Python path."""
+
+    decode_weights: list[torch.Tensor]
+
+    def forward(self, input_ids, positions, meta, pool, backend):
+        rows = input_ids.shape[0]
+        decode_only = not meta.is_prefill and meta.num_decode_tokens in (0, rows)
+        if not (decode_only and backend.name == "cpu_paged" and rows <= CHUNK_ROWS):
+            return super().forward(input_ids, positions, meta, pool, backend)
+        x = self.model.embed_tokens(input_ids)  # [B, D]
+        cos = self.rope_cos[positions].to(x.dtype)  # [B, hd]
+        sin = self.rope_sin[positions].to(x.dtype)
+        c = self.config
+        x = torch.ops.bucketserve.decode_layers(
+            x, cos, sin, self.decode_weights, pool, meta.slot_mapping, meta.block_tables,
+            meta.context_lens, c.num_heads, c.num_kv_heads, c.rms_norm_eps, c.head_dim**-0.5,
+            padded_rows(rows),
+        )  # fmt: skip
+        return self.model.norm(x)
+
+
+def use_decode_layers(model: CausalLM) -> bool:
+    """Make `model` a CpuCausalLM when its layers have the shape decode_layers runs (oneDNN
+    linears, C++ norms, no q/k norms); returns whether it did."""
+    empty = torch.empty(0)  # no qkv bias
+    weights = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if hasattr(attn, "q_norm") or not all(isinstance(m, OneDnnLinear) for m in linears):
+            return False
+        weights += [layer.input_layernorm.weight.detach(), attn.qkv_proj.packed_weight,
+                    empty if attn.qkv_proj.bias is None else attn.qkv_proj.bias,
+                    attn.o_proj.packed_weight, layer.post_attention_layernorm.weight.detach(),
+                    mlp.gate_up_proj.packed_weight, mlp.down_proj.packed_weight]  # fmt: skip
+    model.__class__ = CpuCausalLM
+    model.decode_weights = weights
+    return True

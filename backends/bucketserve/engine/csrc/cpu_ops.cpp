@@ -1,6 +1,6 @@
 // The engine's CPU kernels as torch.ops.bucketserve.*: paged attention for decode
-// (paged_attention.cpp) and fused RMSNorm, rotary embedding + KV store and SwiGLU
-// (elementwise.cpp). float32 or bfloat16 tensors, float32 math; every op parallelises over
+// (paged_attention.cpp), fused RMSNorm, rotary embedding + KV store and SwiGLU
+// (elementwise.cpp), and every decoder layer of a decode step in one call (decode_layers.cpp). float32 or bfloat16 tensors, float32 math; every op parallelises over
 // rows with ATen's thread pool (torch.set_num_threads applies).
 #include <torch/library.h>
 
@@ -16,6 +16,11 @@ at::Tensor silu_and_mul(const at::Tensor& x);
 void rope_and_store_kv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
                        const at::Tensor& v_cache, const at::Tensor& slot_mapping);
+at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                         at::TensorList weights, const at::Tensor& pool,
+                         const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                         const at::Tensor& context_lens, int64_t num_heads, int64_t num_kv_heads,
+                         double eps, double scale, int64_t gemm_rows);
 
 }  // namespace bucketserve
 
@@ -26,6 +31,9 @@ TORCH_LIBRARY(bucketserve, m) {
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("rope_and_store_kv(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor cos, Tensor sin, "
         "Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping) -> ()");
+  m.def("decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor[] weights, Tensor(a!) pool, "
+        "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, "
+        "int num_kv_heads, float eps, float scale, int gemm_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bucketserve, CPU, m) {
@@ -33,4 +41,10 @@ TORCH_LIBRARY_IMPL(bucketserve, CPU, m) {
   m.impl("rms_norm", &bucketserve::rms_norm);
   m.impl("silu_and_mul", &bucketserve::silu_and_mul);
   m.impl("rope_and_store_kv", &bucketserve::rope_and_store_kv);
+  m.impl("decode_layers", &bucketserve::decode_layers);
+}
+
+// decode_layers' weight list holds oneDNN-packed tensors, which dispatch as MkldnnCPU.
+TORCH_LIBRARY_IMPL(bucketserve, MkldnnCPU, m) {
+  m.impl("decode_layers", &bucketserve::decode_layers);
 }
