@@ -25,8 +25,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-import requests
-from bucketserve.bench.local import caching_on_then_off
+from bucketserve.bench.local import caching_on_then_off, stream_greedy
 from bucketserve.bench.metrics import percentile
 
 WORDS = ("why how which where does the this function class value return error list parse "
@@ -40,28 +39,6 @@ def system_prompt(chars: int) -> str:
     return "You answer questions about this code.\n" + inspect.getsource(json.decoder)[:chars]
 
 
-def stream(url: str, model: str, text: str, args, salt: str) -> dict:
-    """One streamed request: TTFT, TPOT, the reply text and the server's token counts."""
-    body = {"text_input": text, "max_tokens": args.max_tokens, "temperature": 0.0,
-            "cache_salt": salt, "stream": True}  # fmt: skip
-    start, ttft, parts, last = time.monotonic(), None, [], {}
-    with requests.post(f"http://{url}/v2/models/{model}/generate_stream", json=body,
-                       timeout=600, stream=True) as r:  # fmt: skip
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith(b"data: "):
-                ttft = ttft if ttft is not None else time.monotonic() - start
-                last = json.loads(line[len(b"data: ") :])
-                parts.append(last.get("text_output", ""))
-    total = time.monotonic() - start
-    out_tokens = last.get("num_output_tokens") or 0
-    tpot = (total - ttft) / (out_tokens - 1) if out_tokens > 1 else 0.0
-    return {"ttft_s": round(ttft, 4), "tpot_s": round(tpot, 4), "reply": "".join(parts),
-            "num_input_tokens": last.get("num_input_tokens"),
-            "num_cached_tokens": last.get("num_cached_tokens") or 0,
-            "finish_reason": last.get("finish_reason")}  # fmt: skip
-
-
 def conversation(url: str, args, seed: int, index: int, salt: str, label: str) -> list[dict]:
     """One conversation's T turns, each after the previous answer arrived."""
     rng = random.Random(f"{seed}-{index}")
@@ -69,7 +46,7 @@ def conversation(url: str, args, seed: int, index: int, salt: str, label: str) -
     for turn in range(1, args.turns + 1):
         question = " ".join(rng.choice(WORDS) for _ in range(args.question_words)) + "?"
         history += f"\nUser: {question}\nAssistant:"
-        got = stream(url, args.model, history, args, salt)
+        got = stream_greedy(url, args.model, history, args.max_tokens, salt)
         history += got.pop("reply")
         row = {"server": label, "seed": seed, "conversation": index, "turn": turn, **got}
         print(json.dumps(row), flush=True)
@@ -80,7 +57,9 @@ def conversation(url: str, args, seed: int, index: int, salt: str, label: str) -
 def run_seed(url: str, args, seed: int, label: str) -> dict:
     """C conversations at once under a fresh salt; the summary of turns 2..T."""
     salt = uuid.uuid4().hex
-    stream(url, args.model, "Warm-up: say hello.", args, salt)  # untimed, shares nothing
+    stream_greedy(
+        url, args.model, "Warm-up: say hello.", args.max_tokens, salt
+    )  # untimed, shares nothing
     start = time.monotonic()
     with ThreadPoolExecutor(args.conversations) as pool:
         jobs = [pool.submit(conversation, url, args, seed, i, salt, label)

@@ -18,11 +18,9 @@ import json
 import random
 import statistics
 import sys
-import time
 import uuid
 
-import requests
-from bucketserve.bench.local import caching_on_then_off
+from bucketserve.bench.local import caching_on_then_off, stream_greedy
 
 WORDS = ("why how which where does the this function class value return error list parse "
          "string number file line call module argument default option help name type").split()  # fmt: skip
@@ -34,18 +32,8 @@ def system_prompt(chars: int) -> str:
 
 
 def ask(url: str, text: str, args, salt: str) -> dict:
-    body = {"text_input": text, "max_tokens": args.max_tokens, "temperature": 0.0,
-            "cache_salt": salt, "stream": True}  # fmt: skip
-    start, ttft, last = time.monotonic(), None, {}
-    endpoint = f"http://{url}/v2/models/{args.model}/generate_stream"
-    with requests.post(endpoint, json=body, timeout=600, stream=True) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith(b"data: "):
-                ttft = ttft if ttft is not None else time.monotonic() - start
-                last = json.loads(line[len(b"data: ") :])
-    return {"ttft_s": round(ttft, 4), "num_input_tokens": last.get("num_input_tokens"),
-            "num_cached_tokens": last.get("num_cached_tokens")}  # fmt: skip
+    got = stream_greedy(url, args.model, text, args.max_tokens, salt)
+    return {k: got[k] for k in ("ttft_s", "num_input_tokens", "num_cached_tokens")}
 
 
 def series(url: str, args, label: str) -> dict:

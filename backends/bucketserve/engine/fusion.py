@@ -281,8 +281,7 @@ class CpuCausalLM(CausalLM):
 
     def forward(self, input_ids, positions, meta, pool, backend):
         rows = input_ids.shape[0]
-        decode_only = not meta.is_prefill and meta.num_decode_tokens in (0, rows)
-        if not (decode_only and backend.name == "cpu_paged" and rows <= CHUNK_ROWS):
+        if not (meta.decode_only(rows) and backend.name == "cpu_paged" and rows <= CHUNK_ROWS):
             return super().forward(input_ids, positions, meta, pool, backend)
         x = self.model.embed_tokens(input_ids)  # [B, D]
         cos = self.rope_cos[positions].to(x.dtype)  # [B, hd]

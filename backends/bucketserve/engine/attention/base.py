@@ -32,6 +32,10 @@ class AttentionMetadata:
     context_starts: list[int] | None = None  # per chunk: tokens already in the pool
     chunk_block_ids: list[torch.Tensor] | None = None  # per chunk: [blocks] int64 it reads
 
+    def decode_only(self, num_tokens: int) -> bool:
+        """Every one of the step's `num_tokens` rows is a decode token (no prefill chunk)."""
+        return not self.is_prefill and self.num_decode_tokens in (0, num_tokens)
+
     @property
     def has_context(self) -> bool:
         """Some prefill chunk attends to KV stored by an earlier step."""
@@ -113,7 +117,7 @@ class AttentionBackend:
         num_decode = 0 if meta.is_prefill else meta.num_decode_tokens
         if meta.is_prefill and not meta.has_context:
             return self.prefill(q, k, v, meta, scale)
-        if num_decode in (0, q.shape[0]) and not meta.is_prefill:  # a decode-only step
+        if meta.decode_only(q.shape[0]):
             return self.decode(q, k_cache, v_cache, meta, scale)
         out = torch.empty_like(q)
         if num_decode:

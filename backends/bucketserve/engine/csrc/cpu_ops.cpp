@@ -1,28 +1,11 @@
 // The engine's CPU kernels as torch.ops.bucketserve.*: paged attention for decode
 // (paged_attention.cpp), fused RMSNorm, rotary embedding + KV store and SwiGLU
-// (elementwise.cpp), and every decoder layer of a decode step in one call (decode_layers.cpp). float32 or bfloat16 tensors, float32 math; every op parallelises over
+// (elementwise.cpp), and every decoder layer of a decode step in one call
+// (decode_layers.cpp). float32 or bfloat16 tensors, float32 math; every op parallelises over
 // rows with ATen's thread pool (torch.set_num_threads applies).
 #include <torch/library.h>
 
-#include "common.h"
-
-namespace bucketserve {
-
-at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache,
-                                  const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, double scale);
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-at::Tensor silu_and_mul(const at::Tensor& x);
-void rope_and_store_kv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
-                       const at::Tensor& v_cache, const at::Tensor& slot_mapping);
-at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                         at::TensorList weights, const at::Tensor& pool,
-                         const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                         const at::Tensor& context_lens, int64_t num_heads, int64_t num_kv_heads,
-                         double eps, double scale, int64_t gemm_rows);
-
-}  // namespace bucketserve
+#include "kernels.h"
 
 TORCH_LIBRARY(bucketserve, m) {
   m.def("paged_attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "

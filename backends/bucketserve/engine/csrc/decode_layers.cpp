@@ -4,20 +4,12 @@
 // calls and tensor ops per layer, which at batch 1 cost as much as a third of the step.
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <vector>
+#include <map>
 
 #include "common.h"
+#include "kernels.h"
 
 namespace bucketserve {
-
-at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache,
-                                  const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, double scale);
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-at::Tensor silu_and_mul(const at::Tensor& x);
-void rope_and_store_kv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
-                       const at::Tensor& v_cache, const at::Tensor& slot_mapping);
 
 namespace {
 
@@ -31,20 +23,31 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const at
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                             c10::string_view, c10::List<std::optional<at::Scalar>>,
                             std::optional<c10::string_view>)>();
-  const std::optional<at::Tensor> b = bias.defined() && bias.numel() ? std::optional<at::Tensor>(bias) : std::nullopt;
+  std::optional<at::Tensor> b;
+  if (bias.defined() && bias.numel()) b = bias;
   return op.call(x, packed, b, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
 }
 
-// OneDnnLinear._gemm: the input's rows padded with zeros to `gemm_rows` (one of the shapes
-// warm_onednn ran), the output cut back to the input's rows.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias,
-                  int64_t gemm_rows) {
-  const int64_t rows = x.size(0);
-  if (rows == gemm_rows) return onednn_linear(x, packed, bias);
-  auto padded = at::zeros({gemm_rows, x.size(1)}, x.options());
-  padded.narrow(0, 0, rows).copy_(x);
-  return onednn_linear(padded, packed, bias).narrow(0, 0, rows);
-}
+// OneDnnLinear._gemm for one step: inputs padded with zero rows to `gemm_rows` (one of the
+// shapes warm_onednn ran), outputs cut back to the step's rows. One zeroed buffer per input
+// width serves every layer: only its first rows are ever written.
+class StepLinears {
+ public:
+  StepLinears(int64_t rows, int64_t gemm_rows) : rows_(rows), gemm_rows_(gemm_rows) {}
+
+  at::Tensor operator()(const at::Tensor& x, const at::Tensor& packed,
+                        const at::Tensor& bias = at::Tensor()) {
+    if (rows_ == gemm_rows_) return onednn_linear(x, packed, bias);
+    auto [it, fresh] = padded_.try_emplace(x.size(1));
+    if (fresh) it->second = at::zeros({gemm_rows_, x.size(1)}, x.options());
+    it->second.narrow(0, 0, rows_).copy_(x);
+    return onednn_linear(it->second, packed, bias).narrow(0, 0, rows_);
+  }
+
+ private:
+  int64_t rows_, gemm_rows_;
+  std::map<int64_t, at::Tensor> padded_;  // input width -> [gemm_rows, width]
+};
 
 }  // namespace
 
@@ -62,27 +65,30 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
   TORCH_CHECK(x_in.dim() == 2, "x must be [B, D]");
   TORCH_CHECK(pool.dim() == 6 && pool.size(1) == 2, "pool must be [L, 2, N, bs, KVH, hd]");
   const int64_t layers = pool.size(0), rows = x_in.size(0), head_dim = pool.size(5);
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kWeightsPerLayer, "weights must hold ",
-              kWeightsPerLayer, " tensors per layer (", layers, " layers), got ", weights.size());
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kWeightsPerLayer,
+              "weights must hold ", kWeightsPerLayer, " tensors per layer (", layers,
+              " layers), got ", weights.size());
   TORCH_CHECK(gemm_rows >= rows, "gemm_rows (", gemm_rows, ") < rows (", rows, ")");
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  StepLinears linear(rows, gemm_rows);
   at::Tensor x = x_in;
   for (int64_t i = 0; i < layers; ++i) {
     const at::Tensor* w = weights.data() + i * kWeightsPerLayer;
     const at::Tensor k_cache = pool.select(0, i).select(0, 0);
     const at::Tensor v_cache = pool.select(0, i).select(0, 1);
     // Attention: fused qkv, rotary + KV store in place, paged attention, o_proj.
-    const at::Tensor qkv = linear(rms_norm(x, w[0], eps), w[1], w[2], gemm_rows);
+    const at::Tensor qkv = linear(rms_norm(x, w[0], eps), w[1], w[2]);
     const at::Tensor q = qkv.narrow(1, 0, q_size).view({rows, num_heads, head_dim});
     const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({rows, num_kv_heads, head_dim});
-    const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({rows, num_kv_heads, head_dim});
+    const at::Tensor v =
+        qkv.narrow(1, q_size + kv_size, kv_size).view({rows, num_kv_heads, head_dim});
     rope_and_store_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping);
     const at::Tensor attn =
         paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale);
-    const at::Tensor h = x + linear(attn.reshape({rows, -1}), w[3], at::Tensor(), gemm_rows);
+    const at::Tensor h = x + linear(attn.reshape({rows, -1}), w[3]);
     // MLP: fused gate/up, SwiGLU, down_proj.
-    const at::Tensor gate_up = linear(rms_norm(h, w[4], eps), w[5], at::Tensor(), gemm_rows);
-    x = h + linear(silu_and_mul(gate_up), w[6], at::Tensor(), gemm_rows);
+    const at::Tensor gate_up = linear(rms_norm(h, w[4], eps), w[5]);
+    x = h + linear(silu_and_mul(gate_up), w[6]);
   }
   return x;
 }
