@@ -131,6 +131,10 @@ class BlockManager:
         seq.block_table.clear()
         return ids
 
+    def num_exclusive(self, seq: Sequence) -> int:
+        """Blocks of `seq` that nobody else holds: what releasing it frees."""
+        return sum(1 for i in seq.block_table if self._ref[i] == 1)
+
     def release(self, seq: Sequence) -> None:
         """Free all blocks of `seq` and clear its table. Tail first: its later blocks are the
         least likely to be shared, so they are evicted before its prefix."""

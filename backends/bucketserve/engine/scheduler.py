@@ -161,8 +161,10 @@ class Scheduler:
     def _grow(self) -> list[Sequence]:
         """Room for every running sequence's tokens this step; preempt from the tail if short."""
         plan = [(len(s.block_table), s.num_tokens) for s in self.running]
+        # what releasing each frees: blocks shared with others (a cached prefix) stay held
+        freed = [self.blocks.num_exclusive(s) for s in self.running]
         preempted = []
-        for _ in range(self.memory.preemptions(plan, self.blocks.num_free_blocks)):
+        for _ in range(self.memory.preemptions(plan, self.blocks.num_free_blocks, freed)):
             seq = self.running.pop()
             self.blocks.release(seq)
             seq.num_computed_tokens = 0
@@ -214,6 +216,17 @@ class Scheduler:
             else:
                 seq.num_cached_tokens = seq.num_computed_tokens
         self.blocks.allocate_for(seq, seq.num_tokens)
+
+    def prompt_backlog(self) -> int:
+        """Prompt tokens still to prefill here: the rest of each prompt mid-prefill, and each
+        waiting sequence without KV less the prefix it would find cached (not work)."""
+        bs, cached = self.blocks.block_size, self.blocks.find_cached
+        total = sum(
+            s.num_tokens - len(cached(s)) * bs for s in self.waiting if not s.num_computed_tokens
+        )
+        return total + sum(
+            s.num_uncomputed_tokens for s in self.running if s.num_uncomputed_tokens > 1
+        )
 
 
 class PreemptionCounters:

@@ -155,7 +155,8 @@ class BaseScheduler:
                 )
                 prefill_room = room if colocated else p.free_blocks
                 tokens = self.config.max_prefill_tokens
-                return p, d, Budget(prefill_room, room, seqs, d.block_size, tokens)
+                return p, d, Budget(prefill_room, room, seqs, d.block_size, tokens,
+                                    colocated=colocated is not None)  # fmt: skip
         return None
 
     def _place(self, decode: list[InstanceStats], now: float) -> tuple[InstanceStats | None, int]:
@@ -191,16 +192,24 @@ class BaseScheduler:
         bounds = (min(b.low for b in late), max(b.high for b in late))
         return takewhile(lambda m: m.arrival_s <= cutoff, merged), bounds
 
-    def _decode_blocks(self, meta: RequestMeta, block_size: int) -> int:
+    @staticmethod
+    def _own_prompt(meta: RequestMeta, colocated: bool) -> int:
+        """Prompt tokens whose blocks the request adds to its instance. Colocated, the prefix
+        it probably finds cached there is shared with the requests that hold it, so it is
+        not counted again; an estimate that proves wrong (evicted, or cached elsewhere) is
+        caught by the live view (the engine's free blocks) and the engine's preemption.
+        Disaggregated, the decode instance receives every prompt block."""
+        return meta.prompt_len - meta.num_cached_tokens if colocated else meta.prompt_len
+
+    def _decode_blocks(self, meta: RequestMeta, block_size: int, colocated: bool) -> int:
         out = reserve_tokens(meta, self.reserve_mode, self.output_mean.value or 1.0)
-        return blocks_for(meta.prompt_len + out, block_size)
+        return blocks_for(self._own_prompt(meta, colocated) + out, block_size)
 
     def _claim(self, meta: RequestMeta, budget: Budget) -> bool:
         """Take one request's prompt blocks (prefill) and reserved blocks (decode) if they fit."""
-        prompt = blocks_for(meta.prompt_len, budget.block_size)
-        return budget.try_take(
-            prompt, self._decode_blocks(meta, budget.block_size), meta.prompt_len
-        )
+        prompt = blocks_for(self._own_prompt(meta, budget.colocated), budget.block_size)
+        decode = self._decode_blocks(meta, budget.block_size, budget.colocated)
+        return budget.try_take(prompt, decode, meta.prompt_len)
 
     def _commit(
         self,
@@ -215,13 +224,14 @@ class BaseScheduler:
         self._open[batch.batch_id] = d.instance_id
         self.placer.placed(d.instance_id)
         expected = self.output_mean.value or 1.0
+        colocated = p.instance_id == d.instance_id
         for meta in chosen:
             self.buckets.remove(meta.request_id)
             res = Reservation(
                 meta.request_id,
                 d.instance_id,
-                blocks_for(meta.prompt_len, d.block_size),
-                self._decode_blocks(meta, d.block_size),
+                blocks_for(self._own_prompt(meta, colocated), d.block_size),
+                self._decode_blocks(meta, d.block_size, colocated),
                 batch.batch_id,
                 request_load(meta.prompt_len, min(meta.max_tokens, expected)),
             )

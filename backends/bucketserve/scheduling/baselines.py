@@ -39,7 +39,12 @@ class AdmissionChoice(BaseScheduler):
         else:  # the decode instance whose pool will be freest once its queued hand-offs land
             d = min(view.decode, key=lambda s: (-self._decode_room(s), s.instance_id))
         seqs, tokens = self.config.max_num_seqs, self.config.max_prefill_tokens
-        return p, d, Budget(p.free_blocks, UNBOUNDED, seqs, p.block_size, tokens)
+        colocated = p.instance_id == d.instance_id
+        return (
+            p,
+            d,
+            Budget(p.free_blocks, UNBOUNDED, seqs, p.block_size, tokens, colocated=colocated),
+        )
 
     def _decode_room(self, d: InstanceStats) -> int:
         return d.free_blocks - self.ledger.pending_prompt_blocks(d.instance_id, d.pending_handoffs)

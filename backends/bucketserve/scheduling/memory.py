@@ -90,16 +90,18 @@ class DecodeMemory:
         `running` holds (blocks held, tokens to store after the step) per sequence."""
         return sum(max(0, blocks_for(t, self.block_size) - held) for held, t in running)
 
-    def preemptions(self, running: list[tuple[int, int]], free_blocks: int) -> int:
+    def preemptions(self, running: list[tuple[int, int]], free_blocks: int,
+                    freed: list[int] | None = None) -> int:  # fmt: skip
         """How many sequences to preempt from the tail so the others can grow this step.
 
         `running` holds (blocks held, tokens to store after this step) per sequence, highest
-        rank first; a preempted sequence returns its blocks and needs no growth."""
+        rank first; a preempted sequence needs no growth and returns `freed[i]` blocks (default:
+        all it holds; fewer when it shares a cached prefix, whose blocks others still hold)."""
         need = [max(0, blocks_for(t, self.block_size) - held) for held, t in running]
         total, k = sum(need), len(running)
         while k > 0 and total > free_blocks:
             k -= 1
-            free_blocks += running[k][0]
+            free_blocks += running[k][0] if freed is None else freed[k]
             total -= need[k]
         return len(running) - k
 
@@ -208,6 +210,7 @@ class Budget:
     block_size: int
     tokens: int | None = None  # prefill token cap of the batch (None: no cap)
     num_taken: int = 0
+    colocated: bool = False  # one instance prefills and decodes: a cached prefix is shared
 
     def try_take(self, prompt_blocks: int, decode_blocks: int, prompt_tokens: int = 0) -> bool:
         """Claim the blocks of one more request if they fit; False (and no change) if not.

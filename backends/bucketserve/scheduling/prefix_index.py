@@ -14,6 +14,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+BALANCE_TOKENS = 2048.0  # load gap (tokens) beyond which placement goes by load alone
+MAX_HOLD_S = 0.25  # longest a request waits for the busy instance that holds its prefix
+
 
 @dataclass(slots=True)
 class PrefixIndex:
@@ -73,3 +76,65 @@ def by_affinity(instance_ids: Sequence[str], overlap: dict[str, int], load: dict
         return uncached + load.get(i, 0.0), i
 
     return sorted(instance_ids, key=cost)
+
+
+def order_instances(index: PrefixIndex | None, instances: list, hashes: Sequence[int],
+                    prompt_tokens: int, balance_tokens: float = BALANCE_TOKENS) -> list:  # fmt: skip
+    """`instances` (InstanceStats, least loaded first) ordered for a request whose full blocks
+    have `hashes`: `by_affinity` with each instance's load in tokens (its prompt backlog plus
+    its running sequences). Unchanged without an index or with fewer than two instances."""
+    if index is None or len(instances) < 2:
+        return instances
+    overlap = index.overlap(hashes)
+    load = {s.instance_id: float(s.prefill_backlog + s.running) for s in instances}
+    ids = [s.instance_id for s in instances]
+    order = by_affinity(ids, overlap, load, prompt_tokens, instances[0].block_size, balance_tokens)
+    return sorted(instances, key=lambda s: order.index(s.instance_id))
+
+
+def probably_cached(index: PrefixIndex | None, hashes: Sequence[int], prompt_tokens: int,
+                    block_size: int) -> int:  # fmt: skip
+    """Prompt tokens some instance probably caches, in full blocks (the engine always
+    computes the last prompt token, so never all of them)."""
+    if index is None:
+        return 0
+    blocks = max(index.overlap(hashes).values(), default=0)
+    return min(blocks * block_size, (prompt_tokens - 1) // block_size * block_size)
+
+
+@dataclass(slots=True)
+class ColocatedPlacement:
+    """Which colocated instances to offer the policy for the oldest waiting request: those
+    whose intake is open, in `order_instances`'s order. While the instance it would go to
+    (probably holding more of its prefix than any open one, loads within `balance_tokens`)
+    has its intake closed, none, for up to `max_hold_s`: that intake reopens within an
+    iteration or two, and placing the request elsewhere costs a whole prefill and a second
+    copy of the prefix in another pool (which, under load, evicts what that pool's own
+    requests share: misses spread)."""
+
+    index: PrefixIndex | None
+    balance_tokens: float = BALANCE_TOKENS
+    max_hold_s: float = MAX_HOLD_S
+    clock: Callable[[], float] = time.monotonic
+    num_holds: int = 0  # times a request was held (a metric, and for tests)
+    _held: tuple[str, float] | None = None  # (request key, since)
+
+    def offer(self, key: str, instances: list, is_open: Callable[[object], bool],
+              hashes: Sequence[int], prompt_tokens: int) -> list:  # fmt: skip
+        order = order_instances(self.index, instances, hashes, prompt_tokens, self.balance_tokens)
+        is_open_ = {s.instance_id: is_open(s) for s in order}  # once each: it may have effects
+        open_ = [s for s in order if is_open_[s.instance_id]]
+        if self.index is None or not order or is_open_[order[0].instance_id]:
+            return open_
+        overlap = self.index.overlap(hashes)
+        loads = [s.prefill_backlog + s.running for s in order]
+        best_open = max((overlap.get(s.instance_id, 0) for s in open_), default=0)
+        if overlap.get(order[0].instance_id, 0) <= best_open:
+            return open_
+        if max(loads) - min(loads) > self.balance_tokens:
+            return open_
+        now = self.clock()
+        if self._held is None or self._held[0] != key:
+            self._held = (key, now)
+            self.num_holds += 1
+        return [] if now - self._held[1] < self.max_hold_s else open_

@@ -39,8 +39,9 @@ class SclsScheduler(BaseScheduler):
         # decode steps: ~ memory-bound, so a small per-(N x context) term on a fixed cost
         self.step_model = BilinearLatencyModel(2e6, config.scls_step_prior_s)
 
-    def _decode_blocks(self, meta: RequestMeta, block_size: int) -> int:
-        return blocks_for(meta.prompt_len + self.config.scls_slice_tokens, block_size)
+    def _decode_blocks(self, meta: RequestMeta, block_size: int, colocated: bool) -> int:
+        own = self._own_prompt(meta, colocated)
+        return blocks_for(own + self.config.scls_slice_tokens, block_size)
 
     def _observe_latency(self, batch: PrefillBatch, duration_s: float) -> None:
         self.prefill_model.observe(batch.size, batch.max_len, duration_s)

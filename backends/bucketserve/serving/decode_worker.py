@@ -230,12 +230,8 @@ class DecodeWorker(PreemptionCounters):
     def publish(self) -> None:
         sched = self.scheduler
         pending = sum(1 for s in self.streams.values() if s.kv_pending)
-        backlog = sum(s.num_uncomputed_tokens for s in sched.waiting if not s.num_computed_tokens)
-        backlog += sum(
-            s.num_uncomputed_tokens for s in sched.running if s.num_uncomputed_tokens > 1
-        )
         publish_stats(self.stats, self.runner, self.blocks, len(sched.running), len(sched.waiting),
-                      pending, self.num_received, backlog)  # fmt: skip
+                      pending, self.num_received, sched.prompt_backlog())  # fmt: skip
 
 
 def _describe(e: Exception) -> str:

@@ -18,7 +18,9 @@ deadlines) still decides what runs next instead of the instance's FIFO.
 Prefix-aware placement (with a `PrefixIndex`): the instances offered are ordered for the
 oldest waiting request by cached overlap vs load (`scheduling/prefix_index.py`), from the
 scheduler's own record of which prompt blocks it sent where; least loaded when the loads
-differ by more than `balance_tokens`.
+differ by more than `balance_tokens`. Colocated, a request whose prefix holder has its intake
+closed waits for it (up to `MAX_HOLD_S`) instead of missing elsewhere (`ColocatedPlacement`;
+the simulator runs the same class, sim/prefix.py).
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ from dataclasses import dataclass
 from bucketserve.engine.block_hash import block_hashes
 from bucketserve.scheduling import ClusterView, PrefillBatch, RequestMeta
 from bucketserve.scheduling.memory import capacity_message
-from bucketserve.scheduling.prefix_index import PrefixIndex, by_affinity
+from bucketserve.scheduling.prefix_index import (
+    ColocatedPlacement,
+    PrefixIndex,
+    order_instances,
+    probably_cached,
+)
 from bucketserve.serving.contract import GenerateParams
 from bucketserve.serving.messages import KIND_CANCELLED, KIND_GENERATE, KIND_STOP, Handoff
 
@@ -41,7 +48,6 @@ ERROR_BACKOFF_S = 0.5  # after an unexpected error, before the loop tries again
 INTAKE_TIMEOUT_S = 5.0  # colocated: a batch not taken in by then (instance restarted) is forgotten
 IDLE_WAIT_S = 0.005
 METRICS_INTERVAL_S = 0.5
-BALANCE_TOKENS = 2048.0  # prefix-aware placement: load gap (tokens) beyond which load wins
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +80,7 @@ class SchedulerCore:
                  prefix_index: PrefixIndex | None = None) -> None:  # fmt: skip
         self.sched, self.view, self.prefill = sched, view, prefill
         self.prefix_index, self.block_size = prefix_index, 16  # block size: from the stats
+        self.placement = ColocatedPlacement(prefix_index)  # colocated: which instances to offer
         self.chunk_tokens = chunk_tokens  # > 0: colocated instances, no prefill calls
         self.sent: dict[int, int] = {}  # colocated: requests sent per instance
         self.open: dict[int, tuple[PrefillBatch, float]] = {}  # batch not yet taken in
@@ -176,11 +183,18 @@ class SchedulerCore:
             return None
         self.reject_unfittable(view)
         least_loaded = sorted(view.decode, key=lambda s: (s.prefill_backlog, s.running))
-        for stats in self.by_affinity(least_loaded):
-            if self.intake_open(stats) and self.waiting:
-                picked = self.decide(ClusterView(prefill=[stats], decode=[stats]))
-                if picked is not None:
-                    return picked
+        if least_loaded:
+            self.block_size = least_loaded[0].block_size
+        if not self.waiting:
+            return None
+        key, item = next(iter(self.waiting.items()))  # arrival order: the policy's likely next
+        hashes = self.hashes(item) if self.prefix_index is not None else []
+        for stats in self.placement.offer(
+            key, least_loaded, self.intake_open, hashes, len(item.ids)
+        ):
+            picked = self.decide(ClusterView(prefill=[stats], decode=[stats]))
+            if picked is not None:
+                return picked
         return None
 
     def by_affinity(self, instances: list) -> list:
@@ -190,20 +204,13 @@ class SchedulerCore:
         if self.prefix_index is None or len(instances) < 2 or not self.waiting:
             return instances
         item = next(iter(self.waiting.values()))  # arrival order: the policy's likely next
-        overlap = self.prefix_index.overlap(self.hashes(item))
-        load = {s.instance_id: float(s.prefill_backlog + s.running) for s in instances}
-        ids = [s.instance_id for s in instances]
-        order = by_affinity(ids, overlap, load, len(item.ids), self.block_size, BALANCE_TOKENS)
-        return sorted(instances, key=lambda s: order.index(s.instance_id))
+        return order_instances(self.prefix_index, instances, self.hashes(item), len(item.ids))
 
     def probably_cached(self, item: Waiting) -> int:
         """Prompt tokens some instance probably caches (the engine always computes the last)."""
         if self.prefix_index is None:
             return 0
-        blocks = max(self.prefix_index.overlap(self.hashes(item)).values(), default=0)
-        return min(
-            blocks * self.block_size, (len(item.ids) - 1) // self.block_size * self.block_size
-        )
+        return probably_cached(self.prefix_index, self.hashes(item), len(item.ids), self.block_size)
 
     def hashes(self, item: Waiting) -> list[int]:
         if item.hashes is None:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from bucketserve.engine.scheduler import ScheduledStep
 from bucketserve.scheduling import ClusterView
-from bucketserve.sim.instance import NO_CHUNKS, SimInstance, chunk_list, step_context
-
-
-def pending_prompt_tokens(inst: SimInstance) -> int:
-    """Prompt (or recompute) tokens queued or mid-prefill on `inst`."""
-    seqs = (*inst.scheduler.running, *inst.scheduler.waiting)
-    return sum(s.num_uncomputed_tokens for s in seqs if s.num_uncomputed_tokens > 1)
+from bucketserve.sim.instance import (
+    NO_CHUNKS,
+    SimInstance,
+    chunk_list,
+    pending_prompt_tokens,
+    step_context,
+)
 
 
 class ChunkedEngine:
@@ -34,6 +34,8 @@ class ChunkedEngine:
                         for i in range(c.num_aggregated)]  # fmt: skip
 
     def on_arrival(self) -> None:
+        if self.sim.router is not None:
+            self._place()
         for w in self.workers:
             self._iterate(w)
 
@@ -58,6 +60,26 @@ class ChunkedEngine:
                 w.add_prompt(sim.by_id[meta.request_id])
                 pending += meta.prompt_len
 
+    def _place(self) -> None:
+        """The server's colocated placement (sim.router): offer the instances whose intake is
+        open, in the router's order, each alone to the policy, until nothing more is placed."""
+        sim, by_id = self.sim, {w.instance_id: w for w in self.workers}
+        while sim.sched.num_waiting:
+            stats = [w.stats() for w in self.workers]
+            for s in sim.router.offer(stats, lambda s: s.prefill_backlog < self.budget):
+                batch = sim._decide(ClusterView([s], [s]))
+                if batch is not None:
+                    break
+            else:
+                return
+            w = by_id[s.instance_id]
+            lengths = [m.bucket_len for m in batch.requests]
+            sim.sched.on_batch_done(batch, sim.latency.prefill_time(lengths))
+            for meta in batch.requests:
+                req = sim.by_id[meta.request_id]
+                sim.router.place(w.instance_id, req)
+                w.add_prompt(req)
+
     def _cost(self, step: ScheduledStep) -> float:
         return self.sim.latency.hybrid_time(len(step.decodes), step_context(step),
                                             chunk_list(step))  # fmt: skip
@@ -69,7 +91,8 @@ class ChunkedEngine:
         sim = self.sim
         if w.busy:
             return
-        self._admit_prompts(w)
+        if sim.router is None:
+            self._admit_prompts(w)
         step = self._schedule(w)
         if step.is_empty:
             return
@@ -80,7 +103,12 @@ class ChunkedEngine:
     def _done(self, w: SimInstance, step: ScheduledStep) -> None:
         for req in w.finish(step, self.sim.now):
             self.sim._finished(req)
-        self._iterate(w)
+        if self.sim.router is None:
+            self._iterate(w)
+            return
+        self._place()  # intake reopened here; the prompts may go to any instance
+        for x in self.workers:
+            self._iterate(x)
 
 
 class AggregatedEngine(ChunkedEngine):

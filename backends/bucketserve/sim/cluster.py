@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bucketserve.scheduling import SchedulerConfig
+from bucketserve.scheduling.prefix_index import BALANCE_TOKENS
 from bucketserve.sim.hardware import GpuSpec, ModelSpec, kv_pool_blocks
 
 # pd: prefill instances hand KV to decode instances; aggregated: vLLM-like, a prefill
@@ -16,6 +17,10 @@ _AUTO = {"static": "static", "fcfs": "aggregated", "bullet": "bullet", "scls": "
 # DistServe checks only its prefill pool at admission (the server's distserve does not, as
 # its decode side fails hand-offs that wait too long for blocks)
 SIM_ADMISSION = {"distserve": "prefill"}
+# chunked: who picks the instance for a prompt. pull: an instance with room asks the policy
+# for its next batch; least_loaded / prefix_aware: the server's colocated placement
+# (least loaded first / by cached overlap vs load, sim/prefix.py)
+PLACEMENTS = ("pull", "least_loaded", "prefix_aware")
 
 
 @dataclass(slots=True)
@@ -36,10 +41,17 @@ class ClusterSpec:
     chunk_tokens: int = 512  # chunked: Sarathi's per-iteration token budget
     bullet_tpot_share: float = 0.5  # bullet: decode's SMs meet this share of the TPOT SLO
     chunk_budgets: tuple[int, ...] = ()  # hybrid: one per instance (() = chunk_tokens each)
+    prefix_caching: bool = False  # the engines' prefix cache (requests need prompt_ids)
+    placement: str = "pull"  # chunked topology only (PLACEMENTS)
+    balance_tokens: float = BALANCE_TOKENS  # prefix_aware: load gap beyond which load wins
 
     def __post_init__(self) -> None:
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"topology must be one of {TOPOLOGIES}, got {self.topology!r}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
+        if self.placement != "pull" and self.topology != "chunked":
+            raise ValueError(f"placement={self.placement!r} needs topology 'chunked'")
         if self.chunk_budgets and (
             len(self.chunk_budgets) != self.num_aggregated
             or min(self.chunk_budgets) < 0

@@ -27,7 +27,8 @@ def make_sequence(req: SimRequest, first_token: bool) -> Sequence:
     """The request as an engine Sequence; `first_token`: its prompt was prefilled elsewhere
     (a hand-off: its KV is computed and its first token is out)."""
     params = SamplingParams(temperature=0.0, max_tokens=max(1, req.output_len), ignore_eos=True)
-    seq = Sequence([0] * req.meta.prompt_len, params, seq_id=req.meta.request_id)
+    ids = req.prompt_ids if req.prompt_ids is not None else [0] * req.meta.prompt_len
+    seq = Sequence(list(ids), params, seq_id=req.meta.request_id)
     if first_token:
         seq.append_token(0)
         seq.num_computed_tokens = req.meta.prompt_len
@@ -41,7 +42,7 @@ class SimInstance:
                  handoff_time=None) -> None:  # fmt: skip
         self.instance_id, self.role = instance_id, role
         self.kv_bytes = cluster.kv_bytes_per_token
-        self.blocks = BlockManager(cluster.kv_blocks, cluster.block_size)
+        self.blocks = BlockManager(cluster.kv_blocks, cluster.block_size, cluster.prefix_caching)
         limits = BatchLimits(cluster.max_num_seqs, token_budget)
         self.scheduler = Scheduler(self.blocks, limits, (), MAX_MODEL_LEN)
         self.handoff_time = handoff_time  # None: no hand-offs arrive here
@@ -87,7 +88,7 @@ class SimInstance:
         return InstanceStats(
             self.instance_id, self.role, self.total_blocks, free, bs,
             len(self.running) + len(waiting) - len(new), self.step_ema, self.kv_bytes,
-            pending_handoffs=pending,
+            pending_handoffs=pending, prefill_backlog=pending_prompt_tokens(self),
         )  # fmt: skip
 
     # ---- requests in -----------------------------------------------------------------------
@@ -114,6 +115,7 @@ class SimInstance:
             self.reqs[seq.seq_id].preemptions += 1
             self.ready_s.pop(seq.seq_id, None)  # recomputed here: no KV to wait for
         for seq in step.admitted:
+            self.reqs[seq.seq_id].extra.setdefault("cached_tokens", seq.num_cached_tokens)
             source = self.sources.pop(seq.seq_id, None)
             if source is not None:  # the pull starts now; the prefill side frees its blocks
                 source.release(seq.num_prompt_tokens)
@@ -151,6 +153,11 @@ class SimInstance:
     def next_ready_s(self) -> float | None:
         """When the next handed-off KV lands (None: nothing in flight)."""
         return min(self.ready_s.values(), default=None)
+
+
+def pending_prompt_tokens(inst: SimInstance) -> int:
+    """Prompt (or recompute) tokens queued or mid-prefill on `inst`, less cached prefixes."""
+    return inst.scheduler.prompt_backlog()
 
 
 def step_context(step: ScheduledStep) -> int:

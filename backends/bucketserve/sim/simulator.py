@@ -20,6 +20,7 @@ from bucketserve.sim.colocated import BulletEngine
 from bucketserve.sim.hybrid import HybridEngine
 from bucketserve.sim.instance import SimInstance, unfused_time
 from bucketserve.sim.outcome import SimOutcome
+from bucketserve.sim.prefix import Router
 from bucketserve.sim.scls import SclsEngine
 from bucketserve.sim.workers import PrefillWorker, StaticWorker
 from bucketserve.sim.workload import SimRequest
@@ -52,6 +53,9 @@ class Simulator:
         self._heap: list = []
         self._tie = itertools.count()
         self._build_workers()
+        self.router = None  # chunked with placement != "pull": the server's placement
+        if cluster.placement != "pull":
+            self.router = Router(self, cluster.placement == "prefix_aware", cluster.balance_tokens)
         self.engine = ENGINES[self.mode](self) if self.mode in ENGINES else None
 
     def _build_workers(self) -> None:
@@ -112,6 +116,8 @@ class Simulator:
         return batch
 
     def _arrive(self, req: SimRequest) -> None:
+        if self.router is not None:
+            self.router.arrive(req)
         self.sched.add(req.meta)
         if self.engine is not None:
             self.engine.on_arrival()

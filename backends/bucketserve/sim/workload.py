@@ -96,6 +96,7 @@ class SimRequest:
     num_gaps: int = 0
     num_slow_gaps: int = 0
     max_gap_s: float = 0.0
+    prompt_ids: list[int] | None = None  # token ids, where prefixes matter (else all zeros)
 
     def record_token(self, now: float) -> None:
         """One output token exists at `now` (the first one sets first_token_s)."""

@@ -12,7 +12,7 @@ from bucketserve.engine.block_hash import block_hashes, hash_block, root_hash
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.engine.scheduler import BatchLimits, Scheduler
-from bucketserve.engine.sequence import Sequence
+from bucketserve.engine.sequence import Sequence, SequenceStatus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -247,3 +247,48 @@ def test_random_workloads_match_and_never_leak(specs, num_blocks):
         outs.append(drive(sched, fits))
         assert_idle(sched.blocks)
     assert outs[0] == outs[1]
+
+
+def running_on_a_full_pool(num_shared: int) -> Scheduler:
+    """`num_shared` + 1 sequences running over one cached 2-block prefix, each with one block
+    of its own, in a pool with no block free; each needs one more block for its next token."""
+    seqs = [Sequence(list(range(1, 9)) + [50 + i] * 4, SamplingParams(max_tokens=8))
+            for i in range(num_shared + 1)]  # fmt: skip
+    sched = scheduler(2 + len(seqs), caching=True)
+    for seq in seqs:
+        prefill(sched.blocks, seq)
+        seq.append_token(7)  # 13 tokens: the 13th needs a fourth block
+        sched.add(seq)
+        sched.waiting.remove(seq)
+        seq.status = SequenceStatus.RUNNING
+        sched.running.append(seq)
+    assert sched.blocks.num_free_blocks == 0
+    return sched
+
+
+def test_preemption_counts_only_the_blocks_a_release_frees():
+    """Preempting a sequence that shares a cached prefix frees only its own blocks: the
+    Scheduler preempts until the rest can really grow (counting the shared ones as freed
+    ran the pool dry: OutOfBlocksError)."""
+    sched = running_on_a_full_pool(num_shared=2)
+    step = sched.schedule()
+    assert [s.token_ids[-2] for s in step.preempted] == [52, 51]  # the tail first, two of them
+    survivor = sched.running[0]
+    assert len(survivor.block_table) == 4 and step.decodes == [survivor]
+    assert sched.blocks.num_cached_blocks >= 2  # the prefix stays cached for the recomputes
+    sched.postprocess(step, [fake_token(s) for s in step.sampled])
+    drive(sched, [])  # the preempted ones come back over the cached prefix and finish
+    assert_idle(sched.blocks)
+
+
+def test_prompt_backlog_leaves_out_the_cached_prefix():
+    sched = scheduler(64, caching=True)
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    system = list(range(1, 22))  # 5 full blocks once prefilled
+    drive(sched, [Sequence(system + [90], params)])
+    sched.add(Sequence(system + [91, 92], params))
+    sched.add(Sequence([60] * 10, params))
+    assert sched.prompt_backlog() == (23 - 20) + 10
+    off = scheduler(64, caching=False)
+    off.add(Sequence(system + [91, 92], params))
+    assert off.prompt_backlog() == 23
