@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 BALANCE_TOKENS = 2048.0  # load gap (tokens) beyond which placement goes by load alone
 MAX_HOLD_S = 0.25  # longest a request waits for the busy instance that holds its prefix
+MIN_HOLD_TOKENS = 256  # ... and only for at least this many more cached tokens than elsewhere
 
 
 @dataclass(slots=True)
@@ -106,8 +107,8 @@ def probably_cached(index: PrefixIndex | None, hashes: Sequence[int], prompt_tok
 class ColocatedPlacement:
     """Which colocated instances to offer the policy for the oldest waiting request: those
     whose intake is open, in `order_instances`'s order. While the instance it would go to
-    (probably holding more of its prefix than any open one, loads within `balance_tokens`)
-    has its intake closed, none, for up to `max_hold_s`: that intake reopens within an
+    (probably holding at least `min_hold_tokens` more of its prefix than any open one, loads
+    within `balance_tokens`) has its intake closed, none, for up to `max_hold_s`: that intake reopens within an
     iteration or two, and placing the request elsewhere costs a whole prefill and a second
     copy of the prefix in another pool (which, under load, evicts what that pool's own
     requests share: misses spread)."""
@@ -115,6 +116,7 @@ class ColocatedPlacement:
     index: PrefixIndex | None
     balance_tokens: float = BALANCE_TOKENS
     max_hold_s: float = MAX_HOLD_S
+    min_hold_tokens: int = MIN_HOLD_TOKENS
     clock: Callable[[], float] = time.monotonic
     num_holds: int = 0  # times a request was held (a metric, and for tests)
     _held: tuple[str, float] | None = None  # (request key, since)
@@ -129,7 +131,8 @@ class ColocatedPlacement:
         overlap = self.index.overlap(hashes)
         loads = [s.prefill_backlog + s.running for s in order]
         best_open = max((overlap.get(s.instance_id, 0) for s in open_), default=0)
-        if overlap.get(order[0].instance_id, 0) <= best_open:
+        gain = (overlap.get(order[0].instance_id, 0) - best_open) * order[0].block_size
+        if gain < self.min_hold_tokens:  # a few blocks are not worth a wait
             return open_
         if max(loads) - min(loads) > self.balance_tokens:
             return open_

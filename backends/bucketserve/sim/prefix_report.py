@@ -36,8 +36,12 @@ ARMS = {  # name -> (placement, balance_tokens, engine prefix cache)
 }
 
 
-def run_arm(arm: str, spec: PrefixWorkload, base: ClusterSpec, latency, policy: str) -> dict:
+def run_arm(arm: str, spec: PrefixWorkload, base: ClusterSpec, latency, policy: str,
+            balance_tokens: float | None = None) -> dict:  # fmt: skip
+    """One run; `balance_tokens` overrides the prefix-aware arm's threshold."""
     placement, balance, caching = ARMS[arm]
+    if arm == "prefix-aware" and balance_tokens is not None:
+        balance = balance_tokens
     cluster = replace(base, topology="chunked", placement=placement, prefix_caching=caching)
     if balance is not None:
         cluster = replace(cluster, balance_tokens=balance)
@@ -73,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hot-share", type=float, default=0.0)
     p.add_argument("--instances", type=int, default=4)
     p.add_argument("--policy", default="bucketserve")
+    p.add_argument("--balance-tokens", type=float, default=None,
+                   help="the prefix-aware arm's load-gap threshold (default: the server's)")  # fmt: skip
     p.add_argument("--model", choices=sorted(MODELS), default="llama-2-13b")
     p.add_argument("--gpu", choices=sorted(GPUS), default="a100-40gb")
     p.add_argument("--target", type=float, default=0.9, help="goodput's attainment target")
@@ -102,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for arm in args.arms:
         for spec in specs:
-            rows.append(run_arm(arm, spec, base, latency, args.policy))
+            rows.append(run_arm(arm, spec, base, latency, args.policy, args.balance_tokens))
             if args.jsonl:
                 print(json.dumps(rows[-1]), flush=True)
     print(format_summary(rows, args.target))

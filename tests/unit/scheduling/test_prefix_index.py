@@ -92,6 +92,14 @@ def test_colocated_placement_holds_only_for_more_overlap_and_balanced_loads():
     busy_b = stats("b", backlog=3000)
     assert place.offer("r", [a, busy_b], is_open, [1, 2, 3, 4], 80) == [a]
     assert ColocatedPlacement(None).offer("r", [b, a], is_open, [1], 80) == [a]  # no index
+    # b would be chosen (2,100 - 208 + 520 < 2,100 + 400) but holds only 13 blocks (208
+    # tokens) more than a: not worth waiting for (min_hold_tokens)
+    index.record("b", list(range(100, 113)))
+    busy_a, closed_b = stats("a", backlog=400), stats("b", backlog=520)
+    ask = list(range(100, 232))
+    assert place.offer("r", [busy_a, closed_b], is_open, ask, 2100) == [busy_a]
+    assert ColocatedPlacement(index, min_hold_tokens=128, clock=Clock()).offer(
+        "r", [busy_a, closed_b], is_open, ask, 2100) == []  # fmt: skip
     assert place.num_holds == 0
 
 
