@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(run_seed(args.url, args, seed, args.url)), flush=True)
         return 0
     caching_on_then_off(
-        "multiturn-", lambda url, label: [run_seed(url, args, seed, label) for seed in args.seeds],
+        "multiturn-", lambda srv, label: [run_seed(srv.http_url, args, s, label) for s in args.seeds],
         topology=args.topology,
     )  # fmt: skip
     return 0

@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(series(args.url, args, args.url)), flush=True)
         return 0
     caching_on_then_off(
-        "prefix-ttft-", lambda url, label: [series(url, args, label)], topology=args.topology
+        "prefix-ttft-",
+        lambda srv, label: [series(srv.http_url, args, label)],
+        topology=args.topology,
     )
     return 0
 

@@ -6,7 +6,8 @@
 # Env: CONCURRENCY (space-separated sweep, "2"), REQUESTS (16), OUTPUT_MEAN (16), INPUT_MEAN (84,
 # synthetic prompts) or INPUT_FILE (JSONL {"text": ...} per line: our prompts), ENDPOINT
 # (chat | completions), MODEL (smollm2). The output length is forced with the vLLM-style extra
-# field min_tokens, so every request produces exactly OUTPUT_MEAN tokens.
+# field min_tokens, so every request produces exactly OUTPUT_MEAN tokens. SEED (0): AIPerf's
+# --random-seed; EXTRA_ARGS: more AIPerf options, word-split (e.g. "--shared-system-prompt-length 1000").
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 URL="${1:-http://127.0.0.1:9000}"
@@ -29,7 +30,7 @@ for C in ${CONCURRENCY:-2}; do
     "${INPUTS[@]}" \
     --output-tokens-mean "$N_OUT" --output-tokens-stddev 0 --extra-inputs "min_tokens:$N_OUT" \
     --concurrency "$C" --request-count "${REQUESTS:-16}" --warmup-request-count 2 \
-    --random-seed 0 --artifact-dir "$DIR" > "$DIR/aiperf_stdout.txt" 2>&1
+    --random-seed "${SEED:-0}" ${EXTRA_ARGS:-} --artifact-dir "$DIR" > "$DIR/aiperf_stdout.txt" 2>&1
   set +x
   cat "$DIR"/*.csv 2>/dev/null | head -40 || true
 done

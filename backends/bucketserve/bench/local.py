@@ -24,15 +24,23 @@ def local_server(run_prefix: str, **overrides):
     return TritonServer(ServeConfig(**(fields | overrides)))
 
 
-def caching_on_then_off(run_prefix: str, run: Callable[[str, str], list[dict]], **overrides):
-    """run(http_url, label) on a started server with prefix caching on, then on one with it
-    off; prints the summaries run returns, one JSON line each, after each server stopped."""
+def caching_on_then_off(run_prefix: str, run: Callable[[object, str], list[dict]], **overrides):
+    """run(server, label) on a started server behind the HTTP edge (v2 and OpenAI routes, as
+    users reach it: `server.http_url`, `server.openai_url`) with prefix caching on, then on one
+    with it off; prints the summaries run returns, one JSON line each, after each stopped."""
+    from bucketserve.serving.front.local import LocalEdge
+
     for caching in (True, False):
         label = f"prefix caching {'on' if caching else 'off'}"
-        server = local_server(run_prefix, enable_prefix_caching=caching, **overrides)
-        server.start_ready()
+        raw = local_server(run_prefix, enable_prefix_caching=caching, **overrides)
+        raw.start_ready()
         try:
-            summaries = run(server.http_url, label)
+            server = LocalEdge(raw)
+        except BaseException:
+            raw.stop()
+            raise
+        try:
+            summaries = run(server, label)
         finally:
             server.stop()
         for summary in summaries:
