@@ -185,13 +185,15 @@ class SchedulerCore:
         least_loaded = sorted(view.decode, key=lambda s: (s.prefill_backlog, s.running))
         if least_loaded:
             self.block_size = least_loaded[0].block_size
+        # every round, waiting or not: an absorbed batch reports its duration when seen
+        is_open = {s.instance_id: self.intake_open(s) for s in least_loaded}
         if not self.waiting:
             return None
         key, item = next(iter(self.waiting.items()))  # arrival order: the policy's likely next
         hashes = self.hashes(item) if self.prefix_index is not None else []
-        for stats in self.placement.offer(
-            key, least_loaded, self.intake_open, hashes, len(item.ids)
-        ):
+        offered = self.placement.offer(key, least_loaded, lambda s: is_open[s.instance_id],
+                                       hashes, len(item.ids))  # fmt: skip
+        for stats in offered:
             picked = self.decide(ClusterView(prefill=[stats], decode=[stats]))
             if picked is not None:
                 return picked
