@@ -9,7 +9,7 @@ import tempfile
 import time
 
 from bucketserve.bench.device import device, emit, on_gpu, skipped
-from bucketserve.serving.ports import free_port
+from bucketserve.serving.launch.ports import free_port
 
 
 def main() -> None:
@@ -21,7 +21,7 @@ def main() -> None:
         return
     import requests
     from bucketserve.serving.config import ServeConfig
-    from bucketserve.serving.launcher import TritonServer
+    from bucketserve.serving.launch.launcher import TritonServer
 
     dev = device()
     cfg = ServeConfig(

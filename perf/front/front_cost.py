@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 from bucketserve.bench.soak_client import sse_lines
-from bucketserve.serving.serve_process import ServeProcess
+from bucketserve.serving.launch.serve_process import ServeProcess
 
 
 async def stream(client: httpx.AsyncClient, url: str, payload: dict) -> tuple[float, list[float]]:

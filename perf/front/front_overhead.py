@@ -20,7 +20,7 @@ import time
 import httpx
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
-from bucketserve.serving.serve_process import free_port
+from bucketserve.serving.launch.serve_process import free_port
 from tritonclient.grpc import InferInput
 
 UPSTREAM = """

@@ -29,7 +29,7 @@ import time
 
 import requests
 from bucketserve.bench.local import local_server
-from bucketserve.serving.ports import free_port
+from bucketserve.serving.launch.ports import free_port
 
 PROMPTS = (
     "Write a long, detailed story about a lighthouse keeper who finds a map.",

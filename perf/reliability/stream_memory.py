@@ -25,7 +25,7 @@ import httpx
 from bucketserve.bench.soak import WORDS
 from bucketserve.bench.soak_client import Target, run_one
 from bucketserve.bench.soak_report import rss_by_process
-from bucketserve.serving.serve_process import ServeProcess
+from bucketserve.serving.launch.serve_process import ServeProcess
 
 WATCH = ("tritonserver", "bucketserve_bls_0_0")
 

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.url:
         summary = run(a.url, a.n, a.concurrency)
     else:
-        from bucketserve.serving.serve_process import ServeProcess
+        from bucketserve.serving.launch.serve_process import ServeProcess
 
         sp = ServeProcess(Path(tempfile.mkdtemp(prefix="structured-")) / "run")
         sp.start()

@@ -1,6 +1,6 @@
 """SmolLM2 in bfloat16 on CPU against transformers in bfloat16 on the same CPU: greedy tokens
 equal up to near-ties (tests/parity/bf16_refs.py), and perplexity on a fixed text within 1 %
-of float32 (perf/perplexity.py)."""
+of float32 (perf/engine/perplexity.py)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ import psutil
 import pytest
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.front.local import LocalEdge
-from bucketserve.serving.launcher import TritonServer
-from bucketserve.serving.ports import free_port
+from bucketserve.serving.launch.launcher import TritonServer
+from bucketserve.serving.launch.ports import free_port
 
 __all__ = ["free_port", "start_server"]  # free_port: for the tests that import it from here
 

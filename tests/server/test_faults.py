@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 import requests
-from bucketserve.serving.serve_process import ServeProcess
+from bucketserve.serving.launch.serve_process import ServeProcess
 
 from tests.server.test_errors import grpc_call, tensor
 

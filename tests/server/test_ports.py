@@ -8,7 +8,7 @@ import socket
 import time
 
 import pytest
-from bucketserve.serving.serve_process import ServeProcess
+from bucketserve.serving.launch.serve_process import ServeProcess
 
 pytestmark = pytest.mark.server
 

@@ -16,8 +16,8 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.messages import Handoff, PrefillBatch, encode
-from bucketserve.serving.serve_process import ServeProcess, free_port
+from bucketserve.serving.core.messages import Handoff, PrefillBatch, encode
+from bucketserve.serving.launch.serve_process import ServeProcess, free_port
 from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]

@@ -1,4 +1,4 @@
-"""The summary table perf/engine_bench.py prints to stderr from its JSON lines."""
+"""The summary table perf/engine/engine_bench.py prints to stderr from its JSON lines."""
 
 from __future__ import annotations
 

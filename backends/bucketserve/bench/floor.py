@@ -1,4 +1,4 @@
-"""The decode step's memory floor for perf/engine_bench.py: the bytes one step must read (the
+"""The decode step's memory floor for perf/engine/engine_bench.py: the bytes one step must read (the
 weights once, the batch's KV) over the read bandwidth measured on this machine."""
 
 from __future__ import annotations

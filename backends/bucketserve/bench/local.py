@@ -10,14 +10,14 @@ from collections.abc import Callable
 
 import requests
 
-from bucketserve.serving.ports import free_port
+from bucketserve.serving.launch.ports import free_port
 
 
 def local_server(run_prefix: str, **overrides):
     """A TritonServer (not started yet) on free ports; `overrides` are ServeConfig fields
     (the separate OpenAI port is off unless given: the edge serves those routes too)."""
     from bucketserve.serving.config import ServeConfig
-    from bucketserve.serving.launcher import TritonServer
+    from bucketserve.serving.launch.launcher import TritonServer
 
     fields = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port(),
               "openai_port": 0, "run_dir": tempfile.mkdtemp(prefix=run_prefix)}  # fmt: skip

@@ -1,6 +1,6 @@
 """Perplexity of the engine on a fixed text in float32 and bfloat16: the quality bf16 costs.
 
-    python perf/perplexity.py                  # SmolLM2 on CPU: both dtypes and the delta
+    python perf/engine/perplexity.py                  # SmolLM2 on CPU: both dtypes and the delta
 
 The text is the Python language reference shipped with every Python (`pydoc_data.topics`,
 topics in sorted order), cut into NUM_CHUNKS chunks of CHUNK_TOKENS tokens. Each chunk is

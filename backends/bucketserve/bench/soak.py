@@ -37,7 +37,7 @@ from bucketserve.bench.soak_report import (
     second_half_growth,
     write_report,
 )
-from bucketserve.serving.serve_process import ServeProcess, free_port
+from bucketserve.serving.launch.serve_process import ServeProcess, free_port
 
 KV_RE = re.compile(r'^bucketserve_kv_blocks_(free|total)\{instance="(\w+)"\} (\S+)$', re.M)
 WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars shine".split()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from bucketserve.serving.serve_process import ServeProcess
+from bucketserve.serving.launch.serve_process import ServeProcess
 
 SERVER_ARGS = ("--kv-cache-gb", "0.5", "--max-model-len", "2048", "--drain-timeout-s", "5")
 

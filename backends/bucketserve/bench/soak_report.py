@@ -7,8 +7,8 @@ from pathlib import Path
 
 import psutil
 
-from bucketserve.serving.procs import STUB_NAME, stub_instance
-from bucketserve.serving.serve_process import ServeProcess
+from bucketserve.serving.launch.procs import STUB_NAME, stub_instance
+from bucketserve.serving.launch.serve_process import ServeProcess
 
 
 def rss_by_process(sp: ServeProcess, private: bool = False) -> dict[str, int]:

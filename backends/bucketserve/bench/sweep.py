@@ -17,7 +17,7 @@ from bucketserve.bench.metrics import RunSummary, summarize
 from bucketserve.bench.records import RequestRecord, write_jsonl
 from bucketserve.bench.workloads import BenchRequest
 from bucketserve.serving.front.local import LocalEdge
-from bucketserve.serving.ports import free_port
+from bucketserve.serving.launch.ports import free_port
 
 IDLE_TIMEOUT_S = 60.0  # after each rate: wait for the server to drain before the next one
 WARMUP_TIMEOUT_S = 90.0
@@ -59,7 +59,7 @@ class SweepResult:
 def server_for(target: Target, plan: SweepPlan, run_root: Path):
     """A TritonServer on free ports for `target` (started by the caller's `with`)."""
     from bucketserve.serving.config import ServeConfig
-    from bucketserve.serving.launcher import TritonServer
+    from bucketserve.serving.launch.launcher import TritonServer
 
     cfg = ServeConfig(
         policy=target.policy,

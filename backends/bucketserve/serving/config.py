@@ -63,13 +63,13 @@ class ServeConfig:
     gpu_memory_utilization: float | None = None
     cuda_graphs: bool = True  # GPU decode steps replayed as CUDA graphs; False: eager
     enable_prefix_caching: bool = True  # engine instances reuse the KV of shared prompt prefixes
-    # fault tolerance and overload (serving/front, serving/supervisor, scheduling/admission)
+    # fault tolerance and overload (serving/front, serving/launch/supervisor, scheduling/admission)
     max_request_bytes: int = 4 * 1024 * 1024  # HTTP bodies above this get 413 at the front
     max_queued_requests: int = 0  # 0: sized from memory at start (scheduling/admission.py)
     max_concurrent_requests: int = 0  # requests in flight at the front; 0: no cap
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
     restart_backoff_max_s: float = 30.0  # supervisor: longest wait between restarts
-    # the canary through the whole chain (serving/canary.py): every interval (0: off), failed
+    # the canary through the whole chain (serving/launch/canary.py): every interval (0: off), failed
     # when no FINAL within the timeout while no other request finished; this many in a row
     # mark the chain wedged and restart the server
     canary_interval_s: float = 5.0

@@ -88,7 +88,7 @@ OUTPUT_NAMES = tuple(name for name, _ in OUTPUTS)
 # decoupled BLS stream until the stream ends (`ResponseIterator::responses_`, python_backend
 # src/pb_response_iterator.cc), so a relay held seven tensors per streamed token of every
 # request in flight (`perf/reliability/stream_memory.py`, 32 streams of 128 tokens: `bucketserve_bls` +42
-# MB, +7.5 MB packed). A relay asks decode for this output only (serving/messages.py:
+# MB, +7.5 MB packed). A relay asks decode for this output only (serving/core/messages.py:
 # PackedDelta) and sends the user outputs.
 PACKED_OUTPUT = "_delta"
 
@@ -110,7 +110,7 @@ def output_declarations() -> str:
 
 @dataclass(slots=True)
 class GenerateParams:
-    """One generation request after validation (travels between the models: serving/messages.py)."""
+    """One generation request after validation (travels between the models: serving/core/messages.py)."""
 
     request_id: str = ""
     sampling: SamplingParams = field(default_factory=SamplingParams)

@@ -1,6 +1,6 @@
-"""Triton entry point; all logic lives in bucketserve.serving.router_model."""
+"""Triton entry point; all logic lives in bucketserve.serving.models.router_model."""
 
-from bucketserve.serving.procs import exit_when_orphaned
-from bucketserve.serving.router_model import RouterModel as TritonPythonModel  # noqa: F401
+from bucketserve.serving.launch.procs import exit_when_orphaned
+from bucketserve.serving.models.router_model import RouterModel as TritonPythonModel  # noqa: F401
 
 exit_when_orphaned()  # a stub whose tritonserver died must not live on: docs/platform-notes.md#p18-orphaned-stubs

@@ -63,7 +63,7 @@ def test_preprocess_chat_template_ids_under_v5(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", mock.MagicMock())
     before = set(sys.modules)
     try:
-        from bucketserve.serving.preprocess import Preprocessor
+        from bucketserve.serving.models.preprocess import Preprocessor
 
         pre = object.__new__(Preprocessor)
         pre.tokenizer = _V5Tokenizer()

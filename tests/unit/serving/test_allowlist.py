@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.front.allowlist import AccessPolicy, grpc_metadata
-from bucketserve.serving.launcher import restricted_apis
+from bucketserve.serving.launch.launcher import restricted_apis
 
 OPEN = ["/v2", "/v2/health/ready", "/v2/health/live", "/health", "/metrics", "/v1/models",
         "/v1/chat/completions", "/v2/models/bucketserve", "/v2/models/bucketserve/ready",
@@ -91,7 +91,7 @@ def test_metrics_can_need_the_key_health_never_does():
 
 
 def test_keys_come_from_the_command_line_or_the_environment(monkeypatch):
-    import bucketserve.serving.cli as cli
+    import bucketserve.serving.launch.cli as cli
 
     seen = {}
     monkeypatch.setattr(cli, "cmd_serve", lambda a: seen.setdefault("cfg", cli.serve_config(a)))

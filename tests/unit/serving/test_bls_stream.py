@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 
 import pytest
-from bucketserve.serving.bls_stream import IteratorKeeper, decoupled_responses
+from bucketserve.serving.core.bls_stream import IteratorKeeper, decoupled_responses
 
 
 class FakeIterator:

@@ -1,4 +1,4 @@
-"""The canary and the stopped-stage watch (serving/canary.py) against a stand-in Triton: an
+"""The canary and the stopped-stage watch (serving/launch/canary.py) against a stand-in Triton: an
 HTTP server whose generate_stream answers, fails, says busy or never finishes."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import threading
 import time
 
 import pytest
-from bucketserve.serving.canary import (
+from bucketserve.serving.launch.canary import (
     STOPPED_GRACE_S,
     CanaryProbe,
     StoppedWatch,
     completed_requests,
     send_canary,
 )
-from bucketserve.serving.procs import Stub
+from bucketserve.serving.launch.procs import Stub
 
 SUCCESS = 'nv_inference_request_success{model="bucketserve",version="1"} '
 

@@ -14,7 +14,7 @@ from bucketserve.serving.contract import (
     output_declarations,
     parse_params,
 )
-from bucketserve.serving.messages import Handoff, PackedDelta, PrefillBatch, decode, encode
+from bucketserve.serving.core.messages import Handoff, PackedDelta, PrefillBatch, decode, encode
 
 
 def t(value, dtype, batched: bool = False) -> np.ndarray:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from bucketserve.serving.contract import parse_params
-from bucketserve.serving.messages import PrefillBatch, decode, encode
+from bucketserve.serving.core.messages import PrefillBatch, decode, encode
 from bucketserve.serving.openai.protocol import ChatRequest, OpenAIError
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

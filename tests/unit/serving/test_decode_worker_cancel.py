@@ -8,8 +8,8 @@ import queue
 
 import pytest
 from bucketserve.engine.block_manager import BlockManager
-from bucketserve.serving.decode_worker import DecodeWorker
-from bucketserve.serving.kv_intake import KvIntake
+from bucketserve.serving.core.decode_worker import DecodeWorker
+from bucketserve.serving.core.kv_intake import KvIntake
 
 from .test_decode_worker_memory import ContextRunner, handoff, no_shared_memory  # noqa: F401
 

@@ -13,9 +13,9 @@ from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.engine.sequence import Sequence
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.decode_stream import Stream
-from bucketserve.serving.decode_worker import DecodeWorker
-from bucketserve.serving.messages import KIND_GENERATE, Handoff
+from bucketserve.serving.core.decode_stream import Stream
+from bucketserve.serving.core.decode_worker import DecodeWorker
+from bucketserve.serving.core.messages import KIND_GENERATE, Handoff
 
 
 class FlakyRunner:

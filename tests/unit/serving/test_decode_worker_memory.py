@@ -10,11 +10,11 @@ import pytest
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.sampler import SampleOutput
 from bucketserve.engine.sampling_params import SamplingParams
-from bucketserve.serving import decode_worker as dw
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.decode_worker import DecodeWorker
-from bucketserve.serving.kv_intake import KvIntake
-from bucketserve.serving.messages import KIND_GENERATE, Handoff
+from bucketserve.serving.core import decode_worker as dw
+from bucketserve.serving.core.decode_worker import DecodeWorker
+from bucketserve.serving.core.kv_intake import KvIntake
+from bucketserve.serving.core.messages import KIND_GENERATE, Handoff
 
 
 def next_token(ids: list[int]) -> int:

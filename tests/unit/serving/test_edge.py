@@ -13,8 +13,8 @@ from bucketserve.serving.front.app import Front
 from bucketserve.serving.front.health import DEGRADED, READY, Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from bucketserve.serving.front.server import FrontServer
+from bucketserve.serving.launch.ports import Port, PortUnavailable, check_free, free_port
 from bucketserve.serving.openai.app import Settings
-from bucketserve.serving.ports import Port, PortUnavailable, check_free, free_port
 
 from tests.unit.serving.grpc_upstream import GrpcUpstream
 from tests.unit.serving.test_front import STAND_IN, Upstream, sse_events
@@ -109,7 +109,7 @@ def test_a_port_in_use_fails_naming_port_and_flag():
 
 
 def test_triton_log_of_a_port_it_could_not_bind_names_the_flag():
-    from bucketserve.serving.ports import triton_port_error
+    from bucketserve.serving.launch.ports import triton_port_error
 
     log = "E1203 main.cc:245] \"failed to start GRPC service: Unavailable - Socket '127.0.0.1:18391' already in use \""  # fmt: skip
     ports = [Port(18391, "--grpc-port"), Port(18392, "--metrics-port")]
@@ -120,7 +120,7 @@ def test_triton_log_of_a_port_it_could_not_bind_names_the_flag():
 
 def test_banner_lists_only_the_ports_that_listen():
     from bucketserve.serving.config import ServeConfig
-    from bucketserve.serving.service import banner
+    from bucketserve.serving.launch.service import banner
 
     text = banner(ServeConfig(http_port=18290, openai_port=0), "log")
     assert "OpenAI   http://127.0.0.1:18290/v1\n" in text and ":9000" not in text

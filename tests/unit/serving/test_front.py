@@ -14,7 +14,7 @@ from bucketserve.serving.front.app import Front
 from bucketserve.serving.front.health import DEGRADED, READY, Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from bucketserve.serving.front.server import FrontServer
-from bucketserve.serving.ports import free_port
+from bucketserve.serving.launch.ports import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse

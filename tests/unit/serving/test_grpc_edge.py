@@ -20,7 +20,7 @@ from bucketserve.serving.front.grpc_edge import (
     requested_model,
     status_of,
 )
-from bucketserve.serving.ports import Port, PortUnavailable, free_port
+from bucketserve.serving.launch.ports import Port, PortUnavailable, free_port
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
@@ -207,7 +207,7 @@ def test_behind_the_edges_triton_listens_on_loopback_ports(tmp_path):
     is; the public --grpc-port is the edge's. Without internal ports (tests, benchmarks that
     put a LocalEdge in front) Triton keeps cfg's."""
     from bucketserve.serving.config import ServeConfig
-    from bucketserve.serving.launcher import TritonServer
+    from bucketserve.serving.launch.launcher import TritonServer
 
     cfg = ServeConfig(host="0.0.0.0", grpc_port=18001, run_dir=str(tmp_path), model_dir="m")
     behind = TritonServer(cfg, triton_http_port=18100, triton_grpc_port=18101)

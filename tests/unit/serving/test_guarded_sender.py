@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from bucketserve.serving.guarded_sender import FINAL_FLAG, GuardedSender
+from bucketserve.serving.models.guarded_sender import FINAL_FLAG, GuardedSender
 
 
 class RecordingSender:

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 from bucketserve.engine.sampling_params import SamplingParams
-from bucketserve.serving import messages
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.messages import (
+from bucketserve.serving.core import messages
+from bucketserve.serving.core.messages import (
     RUN_SECRET_ENV,
     ForgedMessage,
     Handoff,

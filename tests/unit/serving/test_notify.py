@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from bucketserve.serving.notify import FinishListener, FinishNotifier, socket_path
+from bucketserve.serving.core.notify import FinishListener, FinishNotifier, socket_path
 
 
 def test_notices_arrive_with_a_deep_run_dir(tmp_path):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.decode_stream import Delta
-from bucketserve.serving.messages import KIND_GENERATE, Handoff
-from bucketserve.serving.relay import ResponseRelay, merge
+from bucketserve.serving.core.decode_stream import Delta
+from bucketserve.serving.core.messages import KIND_GENERATE, Handoff
+from bucketserve.serving.core.relay import ResponseRelay, merge
 
 
 class Sender:

@@ -12,8 +12,8 @@ from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.scheduling import ClusterView, InstanceStats, SchedulerConfig, make_scheduler
 from bucketserve.scheduling.prefix_index import PrefixIndex
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.messages import KIND_GENERATE, PrefillReply, PrefillResult
-from bucketserve.serving.scheduler_core import SchedulerCore, instance_index
+from bucketserve.serving.core.messages import KIND_GENERATE, PrefillReply, PrefillResult
+from bucketserve.serving.core.scheduler_core import SchedulerCore, instance_index
 
 
 class Cluster:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from bucketserve.bench.ablations import ablation_targets
-from bucketserve.serving.cli import main as cli_main
-from bucketserve.serving.cli import serve_config
 from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.launch.cli import main as cli_main
+from bucketserve.serving.launch.cli import serve_config
 
 
 def test_scheduler_overrides_reach_the_scheduler_config(tmp_path):
@@ -39,7 +39,9 @@ def test_context_dependent_limits_wait_for_the_model():
 
 def test_cli_scheduler_json_reaches_serve_config(monkeypatch):
     seen = {}
-    monkeypatch.setattr("bucketserve.serving.cli.cmd_serve", lambda a: seen.setdefault("a", a))
+    monkeypatch.setattr(
+        "bucketserve.serving.launch.cli.cmd_serve", lambda a: seen.setdefault("a", a)
+    )
     cli_main(["serve", "--scheduler", '{"enable_priority": false}'])
     assert serve_config(seen["a"]).scheduler == {"enable_priority": False}
 
@@ -59,7 +61,7 @@ def test_every_ablation_has_a_switch():
 def test_concurrency_cap_comes_from_the_command_line_and_is_checked():
     import argparse
 
-    from bucketserve.serving.cli import add_serve_args
+    from bucketserve.serving.launch.cli import add_serve_args
 
     parser = argparse.ArgumentParser()
     add_serve_args(parser)

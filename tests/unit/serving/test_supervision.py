@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from bucketserve.serving import leftovers, procs
-from bucketserve.serving.supervisor import exit_cause, model_of
+from bucketserve.serving.launch import leftovers, procs
+from bucketserve.serving.launch.supervisor import exit_cause, model_of
 
 
 def wait_gone(pid: int, timeout_s: float) -> bool:
@@ -30,7 +30,7 @@ def test_stub_watchdog_kills_a_process_whose_parent_died():
     code = (
         "import os, subprocess, sys, time\n"
         "child = subprocess.Popen([sys.executable, '-c', "
-        "'from bucketserve.serving.procs import exit_when_orphaned as w; "
+        "'from bucketserve.serving.launch.procs import exit_when_orphaned as w; "
         "import time; w(0.1); time.sleep(60)'])\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(60)\n"
@@ -54,7 +54,7 @@ def test_every_model_shim_starts_the_stub_watchdog():
 
 def test_stub_watchdog_holds_while_the_parent_lives():
     code = (
-        "from bucketserve.serving.procs import exit_when_orphaned as w\n"
+        "from bucketserve.serving.launch.procs import exit_when_orphaned as w\n"
         "import time; w(0.05); time.sleep(1.0); print('alive', flush=True)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
@@ -64,7 +64,7 @@ def test_stub_watchdog_holds_while_the_parent_lives():
 def test_a_stub_whose_tritonserver_is_already_gone_dies_at_once():
     """A stub of a run (BUCKETSERVE_RUN_CONFIG set) whose parent is not tritonserver (it died
     while the stub was still loading) must not live on watching its new parent."""
-    code = "from bucketserve.serving.procs import exit_when_orphaned as w; w(0.05); print('alive')"
+    code = "from bucketserve.serving.launch.procs import exit_when_orphaned as w; w(0.05); print('alive')"
     env = {**os.environ, procs.RUN_CONFIG_ENV: "/nonexistent/run_config.json"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=30, env=env)  # fmt: skip
@@ -143,7 +143,7 @@ def test_die_with_parent_execs_in_place_and_dies_with_the_starting_process():
     (a Popen preexec_fn there crashed the child): same pid, the real program, gone with P."""
     code = (
         "import subprocess, threading, time\n"
-        "from bucketserve.serving.procs import die_with_parent\n"
+        "from bucketserve.serving.launch.procs import die_with_parent\n"
         "def spin():\n"
         "    while True: [bytearray(4096) for _ in range(100)]\n"
         "for _ in range(4): threading.Thread(target=spin, daemon=True).start()\n"

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from bucketserve.serving.triton_env import GLIBC_MALLOC, TritonInstall, server_env
+from bucketserve.serving.launch.triton_env import GLIBC_MALLOC, TritonInstall, server_env
 
 INSTALL = TritonInstall(Path("/x/bin/tritonserver"), Path("/x/backends/python"), None,
                         (Path("/x/lib"),))  # fmt: skip

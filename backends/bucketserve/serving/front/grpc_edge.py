@@ -2,7 +2,7 @@
 
 Triton has no per-model access control, so its own gRPC port would run the internal models
 (prefill_<i>, decode_<i>, scheduler, preprocessing, decode_router) for anyone who can reach it;
-the seal of serving/messages.py stops most of that, but not a direct call of `preprocessing`
+the seal of serving/core/messages.py stops most of that, but not a direct call of `preprocessing`
 whose sealed answer a client can hand to `scheduler`. So tritonserver's gRPC listens on an
 internal loopback port and this proxy serves `--grpc-port`: each call passes the allow-list
 (front/allowlist.py: AccessPolicy.check_rpc), then goes on to Triton as the bytes the client
@@ -36,7 +36,7 @@ from bucketserve.serving.front.allowlist import (
 )
 from bucketserve.serving.front.grpc_mux import UNLIMITED
 from bucketserve.serving.front.grpc_stops import StreamFollower, send_stops
-from bucketserve.serving.ports import Port, PortUnavailable
+from bucketserve.serving.launch.ports import Port, PortUnavailable
 
 SERVICE = "inference.GRPCInferenceService"
 _METHODS = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name

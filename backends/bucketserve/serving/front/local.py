@@ -9,9 +9,9 @@ from bucketserve.serving.front.app import Front
 from bucketserve.serving.front.health import READY, Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from bucketserve.serving.front.server import FrontServer
-from bucketserve.serving.launcher import TritonServer, triton_metrics_url
-from bucketserve.serving.ports import Port, free_port
-from bucketserve.serving.service import (
+from bucketserve.serving.launch.launcher import TritonServer, triton_metrics_url
+from bucketserve.serving.launch.ports import Port, free_port
+from bucketserve.serving.launch.service import (
     access_policy,
     grpc_edge,
     openai_settings,

@@ -2,7 +2,7 @@
 
 One app on one or more sockets (the HTTP port and, by default, the OpenAI port too). The sockets
 are bound here, in the constructor, so a port in use fails the start at once with the port and
-its flag (serving/ports.py), before tritonserver loads a model.
+its flag (serving/launch/ports.py), before tritonserver loads a model.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 import uvicorn
 
 from bucketserve.serving.front.app import Front
-from bucketserve.serving.ports import Port, bind
+from bucketserve.serving.launch.ports import Port, bind
 
 START_TIMEOUT_S = 30.0
 

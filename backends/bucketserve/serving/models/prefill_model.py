@@ -19,9 +19,14 @@ from bucketserve.kv.handoff import HandoffTable
 from bucketserve.kv.names import shm_name
 from bucketserve.kv.stats import StatsBlock
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.engine_glue import build_runner, logprob_list, new_sequence, publish_stats
-from bucketserve.serving.kv_intake import publish_pool
-from bucketserve.serving.messages import (
+from bucketserve.serving.core.engine_glue import (
+    build_runner,
+    logprob_list,
+    new_sequence,
+    publish_stats,
+)
+from bucketserve.serving.core.kv_intake import publish_pool
+from bucketserve.serving.core.messages import (
     MessageError,
     PrefillBatch,
     PrefillReply,
@@ -29,9 +34,14 @@ from bucketserve.serving.messages import (
     encode,
     open_message,
 )
-from bucketserve.serving.metrics import KvMetrics, PrefixCacheMetrics, instance_finished
-from bucketserve.serving.repository import model_index
-from bucketserve.serving.triton_io import array_input, bytes_input, bytes_tensor, model_parameter
+from bucketserve.serving.launch.repository import model_index
+from bucketserve.serving.models.metrics import KvMetrics, PrefixCacheMetrics, instance_finished
+from bucketserve.serving.models.triton_io import (
+    array_input,
+    bytes_input,
+    bytes_tensor,
+    model_parameter,
+)
 
 RECLAIM_INTERVAL_S = 0.02
 GAUGE_INTERVAL_S = 0.25

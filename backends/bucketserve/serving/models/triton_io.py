@@ -9,7 +9,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from bucketserve.serving.contract import PACKED_OUTPUT
-from bucketserve.serving.messages import MessageError, PackedDelta, decode
+from bucketserve.serving.core.messages import MessageError, PackedDelta, decode
 
 
 def model_parameter(args: dict, key: str) -> str:

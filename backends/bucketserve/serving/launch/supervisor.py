@@ -15,13 +15,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from bucketserve.serving.canary import CanaryProbe, StoppedWatch
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.front.health import DEGRADED, READY, STARTING, STOPPING, Health
 from bucketserve.serving.front.metrics import FrontMetrics
-from bucketserve.serving.launcher import TritonServer, triton_metrics_url
-from bucketserve.serving.ports import PortUnavailable, free_port
-from bucketserve.serving.procs import Stub, is_alive, stubs_of
+from bucketserve.serving.launch.canary import CanaryProbe, StoppedWatch
+from bucketserve.serving.launch.launcher import TritonServer, triton_metrics_url
+from bucketserve.serving.launch.ports import PortUnavailable, free_port
+from bucketserve.serving.launch.procs import Stub, is_alive, stubs_of
 
 WATCH_INTERVAL_S = 0.2
 STABLE_S = 60.0  # healthy this long after a restart: the next failure starts the backoff over
@@ -124,7 +124,7 @@ class Supervisor:
 
     def watch(self) -> tuple[str | None, str]:
         """Block until the server or a stub dies, a stub stops, or the canary fails: (cause,
-        part); (None, "") on a stop request (serving/canary.py)."""
+        part); (None, "") on a stop request (serving/launch/canary.py)."""
         stopped = StoppedWatch()
         canary = CanaryProbe(self.health.upstream, triton_metrics_url(self.cfg),
                              self.cfg.canary_interval_s, self.cfg.canary_timeout_s,

@@ -15,12 +15,12 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from bucketserve.serving.bls_stream import KEEPER, decoupled_responses
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import PACKED_OUTPUT
-from bucketserve.serving.guarded_sender import GuardedSender
-from bucketserve.serving.messages import KIND_GENERATE, KIND_STOP, Handoff, open_message
-from bucketserve.serving.triton_io import (
+from bucketserve.serving.core.bls_stream import KEEPER, decoupled_responses
+from bucketserve.serving.core.messages import KIND_GENERATE, KIND_STOP, Handoff, open_message
+from bucketserve.serving.models.guarded_sender import GuardedSender
+from bucketserve.serving.models.triton_io import (
     model_parameter,
     packed_delta,
     route_logging,

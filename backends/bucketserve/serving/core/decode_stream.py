@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from bucketserve.serving.detok import TextStream
-from bucketserve.serving.messages import Handoff
+from bucketserve.serving.core.detok import TextStream
+from bucketserve.serving.core.messages import Handoff
 
 
 @dataclass(slots=True)

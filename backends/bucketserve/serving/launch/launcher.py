@@ -14,18 +14,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from bucketserve.serving.config import ServeConfig
+from bucketserve.serving.core.messages import RUN_SECRET_ENV, new_run_secret
 from bucketserve.serving.front.allowlist import ADMIN_GROUPS, ADMIN_HEADER, API_KEY_HEADER
-from bucketserve.serving.messages import RUN_SECRET_ENV, new_run_secret
-from bucketserve.serving.ports import Port, check_free, local_host, triton_port_error
-from bucketserve.serving.procs import (
+from bucketserve.serving.launch.ports import Port, check_free, local_host, triton_port_error
+from bucketserve.serving.launch.procs import (
     RUN_CONFIG_ENV,
     die_with_parent,
     kill_tree,
     reap_children,
     stubs_of,
 )
-from bucketserve.serving.repository import render
-from bucketserve.serving.triton_env import assemble_backends, find_triton, server_env
+from bucketserve.serving.launch.repository import render
+from bucketserve.serving.launch.triton_env import assemble_backends, find_triton, server_env
 
 
 def prepare_model(spec: str) -> str:

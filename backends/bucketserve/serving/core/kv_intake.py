@@ -13,7 +13,7 @@ from bucketserve.kv.handoff import HandoffTable
 from bucketserve.kv.names import shm_name
 from bucketserve.kv.transport import PoolHandle, copy_blocks, open_pool
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.messages import Handoff
+from bucketserve.serving.core.messages import Handoff
 
 
 def pool_path(cfg: ServeConfig, index: int) -> Path:

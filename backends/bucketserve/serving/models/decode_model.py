@@ -12,11 +12,10 @@ from bucketserve.kv.names import shm_name
 from bucketserve.kv.stats import StatsBlock
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import PACKED_OUTPUT
-from bucketserve.serving.decode_stream import Delta
-from bucketserve.serving.decode_worker import DecodeWorker
-from bucketserve.serving.engine_glue import build_runner
-from bucketserve.serving.guarded_sender import GuardedSender
-from bucketserve.serving.messages import (
+from bucketserve.serving.core.decode_stream import Delta
+from bucketserve.serving.core.decode_worker import DecodeWorker
+from bucketserve.serving.core.engine_glue import build_runner
+from bucketserve.serving.core.messages import (
     KIND_GENERATE,
     KIND_STOP,
     Handoff,
@@ -25,12 +24,18 @@ from bucketserve.serving.messages import (
     encode,
     open_message,
 )
-from bucketserve.serving.metrics import DecodeMetrics, KvMetrics, PrefixCacheMetrics, RequestMetrics
-from bucketserve.serving.model_info import load_tokenizer, model_info
-from bucketserve.serving.notify import FinishNotifier, socket_path
-from bucketserve.serving.relay import Client, ResponseRelay, merge
-from bucketserve.serving.repository import model_index
-from bucketserve.serving.triton_io import (
+from bucketserve.serving.core.model_info import load_tokenizer, model_info
+from bucketserve.serving.core.notify import FinishNotifier, socket_path
+from bucketserve.serving.core.relay import Client, ResponseRelay, merge
+from bucketserve.serving.launch.repository import model_index
+from bucketserve.serving.models.guarded_sender import GuardedSender
+from bucketserve.serving.models.metrics import (
+    DecodeMetrics,
+    KvMetrics,
+    PrefixCacheMetrics,
+    RequestMetrics,
+)
+from bucketserve.serving.models.triton_io import (
     bytes_input,
     bytes_tensor,
     model_parameter,
@@ -57,7 +62,7 @@ class DecodeModel:
     def initialize(self, args: dict) -> None:
         from bucketserve.engine.block_manager import BlockManager
 
-        route_logging("bucketserve.serving.relay", "bucketserve.serving.decode_worker")
+        route_logging("bucketserve.serving.core.relay", "bucketserve.serving.core.decode_worker")
         cfg = ServeConfig.read(model_parameter(args, "run_config"))
         index = model_index(args["model_name"])
         self.name = f"decode{index}"

@@ -17,10 +17,10 @@ from bucketserve.serving.contract import (
     parse_params,
     text_input,
 )
-from bucketserve.serving.messages import seal_message
-from bucketserve.serving.model_info import load_tokenizer, model_info
-from bucketserve.serving.overload import prompt_byte_limit
-from bucketserve.serving.triton_io import bytes_tensor, model_parameter, read_inputs
+from bucketserve.serving.core.messages import seal_message
+from bucketserve.serving.core.model_info import load_tokenizer, model_info
+from bucketserve.serving.models.overload import prompt_byte_limit
+from bucketserve.serving.models.triton_io import bytes_tensor, model_parameter, read_inputs
 
 
 class Preprocessor:

@@ -13,7 +13,7 @@ request through it hangs while readiness says 200. Two probes, run by the superv
   answers), fails; `canary_failures` failures in a row mark the chain wedged, named by the
   stopped stage if one is, else by the canary's own error.
 
-Either way the supervisor answers as it does for a dead stub (serving/supervisor.py): readiness
+Either way the supervisor answers as it does for a dead stub (serving/launch/supervisor.py): readiness
 503 naming the cause, the server killed (every in-flight request ends with that cause) and
 started again.
 """
@@ -31,7 +31,7 @@ import requests
 
 from bucketserve.serving.front.allowlist import ENTRY_MODELS
 from bucketserve.serving.front.errors import OVERLOAD
-from bucketserve.serving.procs import Stub
+from bucketserve.serving.launch.procs import Stub
 
 STOPPED_GRACE_S = 1.0  # a tracer may stop a process for an instant (py-spy, gdb attach)
 CANARY_BODY = {"text_input": "Hi", "max_tokens": 2, "min_tokens": 2, "temperature": 0.0}

@@ -13,13 +13,13 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from bucketserve.serving.bls_stream import KEEPER
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import INPUT_NAMES, GenerateParams
-from bucketserve.serving.guarded_sender import GuardedSender
-from bucketserve.serving.messages import KIND_GENERATE, Handoff, open_message, seal_message
-from bucketserve.serving.router_model import StepError, broadcast_stop, call, relay
-from bucketserve.serving.triton_io import bytes_tensor, model_parameter, route_logging
+from bucketserve.serving.core.bls_stream import KEEPER
+from bucketserve.serving.core.messages import KIND_GENERATE, Handoff, open_message, seal_message
+from bucketserve.serving.models.guarded_sender import GuardedSender
+from bucketserve.serving.models.router_model import StepError, broadcast_stop, call, relay
+from bucketserve.serving.models.triton_io import bytes_tensor, model_parameter, route_logging
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 WATCH_INTERVAL_S = 0.1
@@ -40,7 +40,7 @@ class BlsModel:
     """One relay thread per request plus a watcher that turns client cancellation into stops."""
 
     def initialize(self, args: dict) -> None:
-        route_logging("bucketserve.serving.router_model")
+        route_logging("bucketserve.serving.models.router_model")
         cfg = ServeConfig.read(model_parameter(args, "run_config"))
         self.num_decode = len(cfg.decode_devices)
         # TensorRT-LLM-shaped entry models (max_batch_size 1) carry a leading batch dimension.

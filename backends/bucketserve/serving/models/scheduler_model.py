@@ -10,10 +10,10 @@ import triton_python_backend_utils as pb_utils
 
 from bucketserve.scheduling import make_scheduler
 from bucketserve.scheduling.prefix_index import PrefixIndex
-from bucketserve.serving.cluster import ClusterStats
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.messages import (
+from bucketserve.serving.core.cluster import ClusterStats
+from bucketserve.serving.core.messages import (
     Handoff,
     MessageError,
     PrefillBatch,
@@ -22,12 +22,12 @@ from bucketserve.serving.messages import (
     open_message,
     seal_message,
 )
-from bucketserve.serving.metrics import PlacementMetrics, SchedulerMetrics
-from bucketserve.serving.model_info import model_info
-from bucketserve.serving.notify import FinishListener, socket_path
-from bucketserve.serving.overload import Admission
-from bucketserve.serving.scheduler_core import SchedulerCore, Waiting
-from bucketserve.serving.triton_io import (
+from bucketserve.serving.core.model_info import model_info
+from bucketserve.serving.core.notify import FinishListener, socket_path
+from bucketserve.serving.core.scheduler_core import SchedulerCore, Waiting
+from bucketserve.serving.models.metrics import PlacementMetrics, SchedulerMetrics
+from bucketserve.serving.models.overload import Admission
+from bucketserve.serving.models.triton_io import (
     array_input,
     bytes_input,
     bytes_tensor,
@@ -88,7 +88,7 @@ class SchedulerModel:
     """Queues requests, forms prefill batches by policy, calls `prefill_<i>`, hands on to decode."""
 
     def initialize(self, args: dict) -> None:
-        route_logging("bucketserve.serving.scheduler_core")
+        route_logging("bucketserve.serving.core.scheduler_core")
         self.cfg = ServeConfig.read(model_parameter(args, "run_config"))
         max_model_len = model_info(self.cfg).max_model_len
         sched_cfg = self.cfg.scheduler_config(max_model_len)

@@ -9,7 +9,7 @@ environment (`RUN_SECRET_ENV`; never on disk, never on a command line). An inter
 unseals before doing any work, so a client that calls `prefill_<i>`, `decode_<i>`,
 `decode_router` or `scheduler` directly over Triton's gRPC port is refused
 (docs/security.md). Messages name no shared-memory segment: decode finds a prefill
-instance's KV pool by its index (`serving/kv_intake.py`).
+instance's KV pool by its index (`serving/core/kv_intake.py`).
 
     request    preprocessing -> scheduler        `_params` (GenerateParams) + `_input_ids`
     batch      scheduler -> prefill_<i>          `sampling` (PrefillBatch) + ids, lengths

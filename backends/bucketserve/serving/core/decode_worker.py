@@ -18,11 +18,11 @@ from bucketserve.engine.scheduler import (
 from bucketserve.engine.sequence import Sequence, check_stop
 from bucketserve.scheduling.memory import capacity_message
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.decode_stream import Delta, Stream
-from bucketserve.serving.detok import TextStream, logprob_entry
-from bucketserve.serving.engine_glue import logprob_list, publish_stats
-from bucketserve.serving.kv_intake import KvIntake
-from bucketserve.serving.messages import Handoff
+from bucketserve.serving.core.decode_stream import Delta, Stream
+from bucketserve.serving.core.detok import TextStream, logprob_entry
+from bucketserve.serving.core.engine_glue import logprob_list, publish_stats
+from bucketserve.serving.core.kv_intake import KvIntake
+from bucketserve.serving.core.messages import Handoff
 
 IDLE_WAIT_S = 0.01
 

@@ -13,12 +13,12 @@ from bucketserve.serving.front.grpc_edge import GrpcEdge
 from bucketserve.serving.front.health import Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from bucketserve.serving.front.server import FrontServer
-from bucketserve.serving.launcher import TritonServer, triton_metrics_url
-from bucketserve.serving.leftovers import claim_run_dir, release_run_dir, sweep_unmapped_shm
+from bucketserve.serving.launch.launcher import TritonServer, triton_metrics_url
+from bucketserve.serving.launch.leftovers import claim_run_dir, release_run_dir, sweep_unmapped_shm
+from bucketserve.serving.launch.ports import Port, check_free, free_port
+from bucketserve.serving.launch.procs import become_subreaper
+from bucketserve.serving.launch.supervisor import Supervisor
 from bucketserve.serving.openai.app import Settings
-from bucketserve.serving.ports import Port, check_free, free_port
-from bucketserve.serving.procs import become_subreaper
-from bucketserve.serving.supervisor import Supervisor
 
 
 def public_ports(cfg: ServeConfig) -> list[Port]:
@@ -46,7 +46,7 @@ def grpc_edge(
 
 def openai_settings(cfg: ServeConfig) -> Settings:
     """The OpenAI routes' settings; the tokenizer (chat template) loads on the first chat."""
-    from bucketserve.serving.model_info import load_tokenizer, model_info
+    from bucketserve.serving.core.model_info import load_tokenizer, model_info
 
     return Settings(cfg.model, load_tokenizer=lambda: load_tokenizer(model_info(cfg)))
 

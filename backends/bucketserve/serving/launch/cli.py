@@ -185,8 +185,8 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from bucketserve.serving.ports import PortUnavailable
-    from bucketserve.serving.service import serve
+    from bucketserve.serving.launch.ports import PortUnavailable
+    from bucketserve.serving.launch.service import serve
 
     try:
         return serve(serve_config(a), log=lambda line: print(line, flush=True))

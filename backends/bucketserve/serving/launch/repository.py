@@ -27,7 +27,7 @@ def template_dir() -> Path:
     """The model_repository templates: $BUCKETSERVE_MODEL_REPOSITORY or the source checkout's."""
     if os.environ.get(TEMPLATE_ENV):
         return Path(os.environ[TEMPLATE_ENV])
-    here = Path(__file__).resolve().parents[3] / "model_repository"
+    here = Path(__file__).resolve().parents[4] / "model_repository"
     if not here.is_dir():
         raise RuntimeError(f"model_repository templates not found at {here}; set {TEMPLATE_ENV}")
     return here

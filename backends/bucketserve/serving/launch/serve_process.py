@@ -18,8 +18,8 @@ from pathlib import Path
 
 import psutil
 
-from bucketserve.serving.ports import free_port
-from bucketserve.serving.procs import STUB_NAME, stub_instance
+from bucketserve.serving.launch.ports import free_port
+from bucketserve.serving.launch.procs import STUB_NAME, stub_instance
 
 __all__ = ["ServeProcess", "free_port"]
 
@@ -53,7 +53,7 @@ class ServeProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "bucketserve.serving.cli", "serve", *self.args]
+        cmd = [sys.executable, "-m", "bucketserve.serving.launch.cli", "serve", *self.args]
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 

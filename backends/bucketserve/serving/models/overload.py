@@ -7,7 +7,7 @@ import triton_python_backend_utils as pb_utils
 
 from bucketserve.scheduling.admission import AdmissionGate, default_queue_limit, max_prompt_bytes
 from bucketserve.serving.config import ServeConfig
-from bucketserve.serving.metrics import counter, gauge
+from bucketserve.serving.models.metrics import counter, gauge
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bucketserve.serving.decode_stream import Delta
-from bucketserve.serving.messages import Handoff
+from bucketserve.serving.core.decode_stream import Delta
+from bucketserve.serving.core.messages import Handoff
 
 EARLY_STOP_TTL_S = 60.0
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psutil
 
-from bucketserve.serving.launcher import clean_shm
-from bucketserve.serving.procs import mapped_shm_names
+from bucketserve.serving.launch.launcher import clean_shm
+from bucketserve.serving.launch.procs import mapped_shm_names
 
 STATE_FILE = "launcher.json"
 # Names only our servers create: ours (bs_<run id>_*, Triton's regions included since they carry

@@ -42,7 +42,7 @@ from bucketserve.scheduling.prefix_index import (
     probably_cached,
 )
 from bucketserve.serving.contract import GenerateParams
-from bucketserve.serving.messages import KIND_CANCELLED, KIND_GENERATE, KIND_STOP, Handoff
+from bucketserve.serving.core.messages import KIND_CANCELLED, KIND_GENERATE, KIND_STOP, Handoff
 
 ERROR_BACKOFF_S = 0.5  # after an unexpected error, before the loop tries again
 INTAKE_TIMEOUT_S = 5.0  # colocated: a batch not taken in by then (instance restarted) is forgotten

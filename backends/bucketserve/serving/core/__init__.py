@@ -1,0 +1,1 @@
+"""Triton-free cores of the serving models (unit-tested without Triton)."""

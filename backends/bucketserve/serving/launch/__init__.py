@@ -1,0 +1,1 @@
+"""Starting, supervising and stopping the server: CLI, launcher, supervisor, ports, processes."""
