@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from bisect import insort
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.sequence import Chunk, Sequence, SequenceStatus, check_stop, finish
@@ -90,6 +90,11 @@ class Scheduler:
         self._arrival: dict[int, int] = {}  # id(seq) -> arrival rank
         self._ranks = itertools.count()
         self.num_preemptions = self.num_recomputed_tokens = 0
+
+    def set_token_budget(self, token_budget: int) -> None:
+        """Change the per-iteration token budget from the next `schedule()` on (a hybrid
+        instance's role change); sequences mid-prefill continue in chunks of the new size."""
+        self.limits = replace(self.limits, token_budget=token_budget)  # validated there
 
     @property
     def has_work(self) -> bool:

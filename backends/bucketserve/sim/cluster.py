@@ -41,6 +41,7 @@ class ClusterSpec:
     chunk_tokens: int = 512  # chunked: Sarathi's per-iteration token budget
     bullet_tpot_share: float = 0.5  # bullet: decode's SMs meet this share of the TPOT SLO
     chunk_budgets: tuple[int, ...] = ()  # hybrid: one per instance (() = chunk_tokens each)
+    adaptive_roles: bool = False  # hybrid: scheduling.roles.RoleController resets the budgets
     prefix_caching: bool = False  # the engines' prefix cache (requests need prompt_ids)
     placement: str = "pull"  # chunked topology only (PLACEMENTS)
     balance_tokens: float = BALANCE_TOKENS  # prefix_aware: load gap beyond which load wins

@@ -104,21 +104,29 @@ def judge(reqs: list[SimRequest], tpot_s: float, scale: float) -> dict:
             "steady": st.steady, "final_backlog": st.final_backlog, "effective": eff}  # fmt: skip
 
 
-def run_cells(system: GridSystem, workload: str, seed: int, rate: float, tpots) -> list[dict]:
-    """One simulation, judged under every cell with a TPOT in `tpots`."""
-    duration = DURATION[workload]
+def run_cells(system: GridSystem, workload: str, seed: int, rate: float, tpots,
+              scales=TTFT_SCALES, duration: float | None = None) -> list[dict]:  # fmt: skip
+    """One simulation, judged under every cell with a TPOT in `tpots` and a TTFT scale in
+    `scales`; an SLO-aware system given one scale has its requests carry it."""
+    duration = duration or DURATION[workload]
+    aware = system.slo_aware
     spec = WorkloadSpec(workload, max(int(rate * duration), 50), rate, seed=seed,
-                        tpot_s=tpots[0] if system.slo_aware else None)  # fmt: skip
+                        tpot_s=tpots[0] if aware else None,
+                        ttft_scale=scales[0] if aware and len(scales) == 1 else 1.0)  # fmt: skip
     cluster = replace(BASE[system.tp], **system.cluster)
     cfg = cluster.scheduler_config(spec.max_model_len, None, system.policy)
     cpu = time.process_time()
     reqs = make_requests(spec)
-    Simulator(system.policy, reqs, cluster, LATENCY[system.tp], cfg).run()
+    sim = Simulator(system.policy, reqs, cluster, LATENCY[system.tp], cfg)
+    sim.run()
     done = [r for r in reqs if not math.isnan(r.finish_s)]
     base = {"system": system.label, "family": system.family, "tp": system.tp,
             "workload": workload, "seed": seed, "rate": rate, "duration_s": duration,
             "served_rate": len(done) / max(r.finish_s for r in done) if done else 0.0}  # fmt: skip
-    rows = [base | judge(reqs, t, s) for t in tpots for s in TTFT_SCALES]
+    if getattr(sim.engine, "controller", None) is not None:  # adaptive hybrid: what it did
+        base |= {"role_changes": sim.engine.controller.changes,
+                 "migrations": sim.engine.migrations}  # fmt: skip
+    rows = [base | judge(reqs, t, s) for t in tpots for s in scales]
     cpu = time.process_time() - cpu
     return [r | {"cpu_s": cpu / len(rows)} for r in rows]
 

@@ -23,15 +23,16 @@ MAX_MODEL_LEN = 1 << 30  # the workload bounds lengths; the stop rule is max_tok
 NO_CHUNKS = 1 << 30  # token budget of an instance that prefills whole prompts
 
 
-def make_sequence(req: SimRequest, first_token: bool) -> Sequence:
+def make_sequence(req: SimRequest, first_token: bool, num_output: int = 1) -> Sequence:
     """The request as an engine Sequence; `first_token`: its prompt was prefilled elsewhere
-    (a hand-off: its KV is computed and its first token is out)."""
+    (a hand-off: its KV is computed and its first `num_output` tokens are out)."""
     params = SamplingParams(temperature=0.0, max_tokens=max(1, req.output_len), ignore_eos=True)
     ids = req.prompt_ids if req.prompt_ids is not None else [0] * req.meta.prompt_len
     seq = Sequence(list(ids), params, seq_id=req.meta.request_id)
     if first_token:
-        seq.append_token(0)
-        seq.num_computed_tokens = req.meta.prompt_len
+        for _ in range(num_output):
+            seq.append_token(0)
+        seq.num_computed_tokens = seq.num_tokens - 1
     return seq
 
 
@@ -82,7 +83,7 @@ class SimInstance:
         bs, waiting = self.blocks.block_size, self.scheduler.waiting
         new = [s for s in waiting if s.num_computed_tokens or not s.num_completion_tokens]
         free, pending = self.free_blocks, self.in_transit + len(new)
-        if self.handoff_time is None:
+        if self.role != "decode":  # colocated: a new prompt's blocks are as good as taken
             free = max(0, free - sum(blocks_for(s.num_tokens + 1, bs) for s in new))
             pending = 0
         return InstanceStats(
@@ -96,12 +97,13 @@ class SimInstance:
         """A prompt to prefill here, in chunks of the token budget."""
         self._add(req, make_sequence(req, first_token=False))
 
-    def add_prefilled(self, req: SimRequest, source=None) -> None:
-        """A prompt prefilled elsewhere: on `source` (a prefill instance; its KV moves here
-        when the Scheduler admits it) or, with no source, by a prefill stream on this GPU."""
+    def add_prefilled(self, req: SimRequest, source=None, num_output: int = 1) -> None:
+        """A prompt prefilled elsewhere: on `source` (a prefill instance, or a hybrid instance
+        its decode leaves after `num_output` tokens; its KV moves here when the Scheduler
+        admits it) or, with no source, by a prefill stream on this GPU."""
         if source is not None:
             self.sources[req.meta.request_id] = source
-        self._add(req, make_sequence(req, first_token=True))
+        self._add(req, make_sequence(req, first_token=True, num_output=num_output))
 
     def _add(self, req: SimRequest, seq: Sequence) -> None:
         self.reqs[req.meta.request_id] = req

@@ -3,6 +3,7 @@ rule, and no leaked block, for arbitrary prompts, budgets and pool sizes (hypoth
 
 from __future__ import annotations
 
+import pytest
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.engine.scheduler import BatchLimits, Scheduler
@@ -81,6 +82,22 @@ def test_decodes_come_first_and_chunks_fill_the_rest():
     sched.postprocess(step, [8])  # only the decode sampled; the chunk was not the prompt's last
     step = sched.schedule()
     assert [(c.start, c.num_tokens) for c in step.chunks] == [(9, 9)]
+
+
+def test_token_budget_changes_between_iterations():
+    bm = BlockManager(64, 4)
+    sched = Scheduler(bm, BatchLimits(8, 10), (EOS,), 4096)
+    long = Sequence(list(range(3, 33)))
+    sched.add(long)
+    step = sched.schedule()
+    assert [c.num_tokens for c in step.chunks] == [10]
+    sched.postprocess(step, [])
+    sched.set_token_budget(4)  # the mid-prefill prompt continues in the new chunk size
+    step = sched.schedule()
+    assert [(c.start, c.num_tokens) for c in step.chunks] == [(10, 4)]
+    with pytest.raises(ValueError, match="token_budget"):
+        sched.set_token_budget(0)
+    assert sched.limits.token_budget == 4
 
 
 def test_handoff_sequence_joins_decoding_without_a_prefill():
