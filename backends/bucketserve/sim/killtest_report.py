@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bucketserve.sim.grid import TPOTS, TTFT_SCALES, WORKLOADS
+from bucketserve.sim.grid import RATES, TPOTS, TTFT_SCALES, WORKLOADS
 from bucketserve.sim.grid_report import splice
 from bucketserve.sim.killtest import DURATION, HYBRID, STATIC, goodputs
 from bucketserve.sim.stats import fmt_ci, mean_ci
@@ -43,9 +43,10 @@ def table(g: dict, w: str, changes: dict) -> list[str]:
             if r is None:
                 continue
             per = ", ".join(f"{x:.2f}" for x in r["ratios"])
+            top = "≥ " if max(r["static"] + r["hybrid"]) >= RATES[w][-1] else ""  # off the grid
             ch = changes.get((w, (t, s)))
-            lines.append(f"| {t * 1e3:.0f} ms | {s:g} | {r['best']} | {fmt_ci(r['static'])} | "
-                         f"{fmt_ci(r['hybrid'])} | {fmt_ci(r['ratios'])}× | {per} | "
+            lines.append(f"| {t * 1e3:.0f} ms | {s:g} | {r['best']} | {top}{fmt_ci(r['static'])} | "
+                         f"{top}{fmt_ci(r['hybrid'])} | {fmt_ci(r['ratios'])}× | {per} | "
                          f"{'—' if ch is None else f'{ch:.1f}'} |")  # fmt: skip
     return lines
 
