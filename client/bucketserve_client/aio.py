@@ -16,10 +16,8 @@ from bucketserve_client.client import (
     FINAL_WAIT_S,
     STOP_WAIT_S,
     ClientBase,
-    merge_params,
-    new_request_id,
 )
-from bucketserve_client.params import GenerationParams, build_inputs, stop_inputs
+from bucketserve_client.params import GenerationParams, stop_inputs
 from bucketserve_client.response import (
     Chunk,
     Completion,
@@ -110,8 +108,7 @@ class AsyncClient(ClientBase):
         Use `async with contextlib.aclosing(client.stream(...)) as chunks:` to cancel at the
         moment the loop is left (otherwise it happens when the iterator is garbage collected).
         """
-        inputs = build_inputs(prompt, merge_params(params, overrides), stream=True)
-        return self._run(inputs, StreamState(new_request_id()))
+        return self._stream(prompt, params, overrides)
 
     async def _run(self, inputs: list, state: StreamState) -> AsyncIterator[Chunk]:
         outbox: asyncio.Queue = asyncio.Queue()

@@ -11,6 +11,8 @@ from bucketserve_client.params import MODELS, SLO_CLASSES, GenerationParams
 from bucketserve_client.response import Completion, GenerationError
 
 DEFAULT_URL = "127.0.0.1:8001"
+# GenerationParams fields that take their flag's value as is
+FLAG_FIELDS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "slo_class")
 
 
 def add_request_args(p: argparse.ArgumentParser) -> None:
@@ -68,14 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
 def params_from_args(a: argparse.Namespace) -> GenerationParams:
     """GenerationParams from the parsed flags; the chat template is on unless --no-chat-template."""
     return GenerationParams(
-        max_tokens=a.max_tokens,
-        min_tokens=a.min_tokens,
-        temperature=a.temperature,
-        top_p=a.top_p,
-        top_k=a.top_k,
-        seed=a.seed,
+        **{name: getattr(a, name) for name in FLAG_FIELDS},
         stop_words=tuple(a.stop),
-        slo_class=a.slo_class,
         apply_chat_template=not a.no_chat_template,
     )
 

@@ -67,6 +67,11 @@ class ClientBase:
         state = StreamState(new_request_id())
         return inputs, state, Collector(state.request_id)
 
+    def _stream(self, prompt: str, params, overrides: dict):
+        """The chunks of one streamed request: self._run's iterator (async in AsyncClient)."""
+        inputs = build_inputs(prompt, merge_params(params, overrides), stream=True)
+        return self._run(inputs, StreamState(new_request_id()))
+
 
 class Client(ClientBase):
     """Synchronous BucketServe client; thread-safe (each request opens its own gRPC stream)."""
@@ -89,8 +94,7 @@ class Client(ClientBase):
         self, prompt: str, params: GenerationParams | None = None, **overrides
     ) -> Iterator[Chunk]:
         """Text deltas as they arrive; closing the iterator early cancels the generation."""
-        inputs = build_inputs(prompt, merge_params(params, overrides), stream=True)
-        return self._run(inputs, StreamState(new_request_id()))
+        return self._stream(prompt, params, overrides)
 
     def _run(self, inputs: list, state: StreamState) -> Iterator[Chunk]:
         responses: queue.Queue = queue.Queue()

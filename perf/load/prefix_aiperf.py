@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bucketserve.bench.genai_perf import metric, read_csv
+from bucketserve.bench import aiperf_run
+from bucketserve.bench.genai_perf import metric, read_csv, run_script
 from bucketserve.bench.local import caching_on_then_off
-from bucketserve.bench.paths import TOOLS
 from bucketserve.bench.prom import scrape, total
 
 HITS, QUERIES = "bucketserve_prefix_cache_hits_total", "bucketserve_prefix_cache_queries_total"
@@ -35,14 +34,8 @@ def run_seed(openai_url: str, metrics_url: str, args, seed: int, label: str) -> 
                SEED=str(seed), ENDPOINT="chat",
                EXTRA_ARGS=f"--shared-system-prompt-length {args.system_tokens}")  # fmt: skip
     before = scrape(metrics_url)
-    proc = subprocess.run([str(TOOLS / "aiperf.sh"), openai_url, str(out)], env=env,
-                          capture_output=True, text=True, timeout=1800)  # fmt: skip
-    found = sorted(out.glob(f"concurrency{args.concurrency}/profile_export_aiperf.csv"))
-    if proc.returncode != 0 or not found:
-        log = out / f"concurrency{args.concurrency}" / "aiperf_stdout.txt"
-        tail = log.read_text(errors="replace")[-1500:] if log.exists() else proc.stderr[-1500:]
-        raise RuntimeError(f"aiperf exited {proc.returncode}: {tail}")
-    table = read_csv(found[-1])
+    proc = run_script(aiperf_run.SCRIPT, openai_url, out, env, 1800)
+    table = read_csv(aiperf_run.aiperf_csv(proc, out, args.concurrency))
     after = scrape(metrics_url)
     hits, queries = (total(after, n) - total(before, n) for n in (HITS, QUERIES))
 

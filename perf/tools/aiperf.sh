@@ -9,18 +9,9 @@
 # field min_tokens, so every request produces exactly OUTPUT_MEAN tokens. SEED (0): AIPerf's
 # --random-seed; EXTRA_ARGS: more AIPerf options, word-split (e.g. "--shared-system-prompt-length 1000").
 set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+. "$(dirname "$0")/bench_tool.sh" .aiperf-venv aiperf --custom-dataset-type single_turn
 URL="${1:-http://127.0.0.1:9000}"
 OUT="${2:-$ROOT/perf/results/tmp/aiperf}"
-VENV="$ROOT/perf/.aiperf-venv"
-[ -x "$VENV/bin/aiperf" ] || make -C "$ROOT" bench-tools
-TOKENIZER="$("$ROOT/.venv/bin/python" -c 'from bucketserve.engine.loader import resolve_model; print(resolve_model("smollm2"))')"
-if [ -n "${INPUT_FILE:-}" ]; then
-  INPUTS=(--input-file "$INPUT_FILE" --custom-dataset-type single_turn)
-else
-  INPUTS=(--synthetic-input-tokens-mean "${INPUT_MEAN:-84}" --synthetic-input-tokens-stddev 0)
-fi
-N_OUT="${OUTPUT_MEAN:-16}"
 for C in ${CONCURRENCY:-2}; do
   DIR="$OUT/concurrency$C"
   mkdir -p "$DIR"

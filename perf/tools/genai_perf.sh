@@ -10,23 +10,14 @@
 # max_tokens/min_tokens tensors (--extra-inputs) with either backend. PA_HEADERS: space-separated
 # KEY:VALUE gRPC metadata for every call (e.g. triton-grpc-protocol-api-key:KEY with --api-key).
 set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+. "$(dirname "$0")/bench_tool.sh" .genai-venv genai-perf
 URL="${1:-127.0.0.1:8001}"
 OUT="${2:-$ROOT/perf/results/tmp/genai-perf}"
-VENV="$ROOT/perf/.genai-venv"
-[ -x "$VENV/bin/genai-perf" ] || make -C "$ROOT" bench-tools
-TOKENIZER="$("$ROOT/.venv/bin/python" -c 'from bucketserve.engine.loader import resolve_model; print(resolve_model("smollm2"))')"
 CUDART="$("$ROOT/.venv/bin/python" -c 'import nvidia.cuda_runtime as c, os; print(os.path.join(list(c.__path__)[0], "lib"))')"
 # perf_analyzer comes from tritonclient[all] in the project venv; it needs libcudart.so.12 and libb64.
 export PATH="$VENV/bin:$ROOT/.venv/bin:$PATH"
 export LD_LIBRARY_PATH="$CUDART${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 mkdir -p "$OUT"
-if [ -n "${INPUT_FILE:-}" ]; then
-  INPUTS=(--input-file "$INPUT_FILE")
-else
-  INPUTS=(--synthetic-input-tokens-mean "${INPUT_MEAN:-84}" --synthetic-input-tokens-stddev 0)
-fi
-N_OUT="${OUTPUT_MEAN:-16}"
 HEADERS=()
 for h in ${PA_HEADERS:-}; do HEADERS+=(--header "$h"); done
 set -x

@@ -7,11 +7,9 @@ output length, and writes the same two-table CSV as genai-perf (read with genai_
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
-from bucketserve.bench.genai_perf import read_csv, write_prompts
+from bucketserve.bench.genai_perf import checked_csv, read_csv, run_script, tool_env
 from bucketserve.bench.paths import PERF, TOOLS
 from bucketserve.bench.workloads import BenchRequest
 
@@ -32,17 +30,15 @@ def run(
     model: str = "smollm2",
 ) -> dict[str, dict[str, float]]:
     """AIPerf on exactly `reqs` against `openai_url` (http://host:port); returns its CSV."""
-    prompts = out / "prompts.jsonl"
-    n_out = write_prompts(reqs, prompts)
-    env = dict(os.environ, CONCURRENCY=str(concurrency), REQUESTS=str(len(reqs)),
-               OUTPUT_MEAN=str(n_out), INPUT_FILE=str(prompts), ENDPOINT="completions",
-               MODEL=model)  # fmt: skip
-    proc = subprocess.run([str(SCRIPT), openai_url, str(out)], env=env, capture_output=True,
-                          text=True, timeout=timeout_s)  # fmt: skip
+    env = tool_env(reqs, concurrency, out, ENDPOINT="completions", MODEL=model)
+    proc = run_script(SCRIPT, openai_url, out, env, timeout_s)
     (out / "aiperf_command.txt").write_text(proc.stderr)  # the script's `set -x` trace
+    return read_csv(aiperf_csv(proc, out, concurrency))
+
+
+def aiperf_csv(proc, out: Path, concurrency: int) -> Path:
+    """The CSV aiperf.sh wrote for `concurrency` under `out`; RuntimeError if it failed."""
     found = sorted(out.glob(f"concurrency{concurrency}/profile_export_aiperf.csv"))
-    if proc.returncode != 0 or not found:
-        log = out / f"concurrency{concurrency}" / "aiperf_stdout.txt"
-        tail = log.read_text(errors="replace")[-1500:] if log.exists() else proc.stderr[-1500:]
-        raise RuntimeError(f"aiperf exited {proc.returncode}: {tail}")
-    return read_csv(found[-1])
+    return checked_csv(
+        "aiperf", proc, found, out / f"concurrency{concurrency}" / "aiperf_stdout.txt"
+    )

@@ -73,6 +73,29 @@ def write_prompts(reqs: list[BenchRequest], path: Path) -> int:
     return lengths.pop()
 
 
+def tool_env(reqs: list[BenchRequest], concurrency: int, out: Path, **settings: str) -> dict:
+    """The scripts' environment for exactly `reqs` (prompts in out/prompts.jsonl) + `settings`."""
+    prompts = out / "prompts.jsonl"
+    n_out = write_prompts(reqs, prompts)
+    return dict(os.environ, CONCURRENCY=str(concurrency), REQUESTS=str(len(reqs)),
+                OUTPUT_MEAN=str(n_out), INPUT_FILE=str(prompts), **settings)  # fmt: skip
+
+
+def run_script(script: Path, url: str, out: Path, env: dict, timeout_s: float):
+    """`script URL OUT` (genai_perf.sh, aiperf.sh) with `env`; its CompletedProcess (text)."""
+    return subprocess.run([str(script), url, str(out)], env=env, capture_output=True, text=True,
+                          timeout=timeout_s)  # fmt: skip
+
+
+def checked_csv(tool: str, proc, found: list[Path], log: Path) -> Path:
+    """The last CSV of `found`; a RuntimeError with the log's (or stderr's) tail if the run
+    failed or wrote none."""
+    if proc.returncode != 0 or not found:
+        tail = log.read_text(errors="replace")[-1500:] if log.exists() else proc.stderr[-1500:]
+        raise RuntimeError(f"{tool} exited {proc.returncode}: {tail}")
+    return found[-1]
+
+
 def run(
     url: str,
     reqs: list[BenchRequest],
@@ -86,20 +109,12 @@ def run(
     """genai-perf on exactly `reqs` (same prompts, one output length); returns its CSV.
     `headers`: gRPC metadata for every call (e.g. `triton-grpc-protocol-api-key` of a server
     started with --api-key), passed in the environment, never on a command line."""
-    prompts = out / "prompts.jsonl"
-    n_out = write_prompts(reqs, prompts)
-    env = dict(os.environ, CONCURRENCY=str(concurrency), REQUESTS=str(len(reqs)),
-               OUTPUT_MEAN=str(n_out), INPUT_FILE=str(prompts), BACKEND=backend, MODEL=model,
-               PA_HEADERS=" ".join(f"{k}:{v}" for k, v in (headers or {}).items()))  # fmt: skip
-    proc = subprocess.run([str(SCRIPT), url, str(out)], env=env, capture_output=True,
-                          text=True, timeout=timeout_s)  # fmt: skip
+    env = tool_env(reqs, concurrency, out, BACKEND=backend, MODEL=model,
+                   PA_HEADERS=" ".join(f"{k}:{v}" for k, v in (headers or {}).items()))  # fmt: skip
+    proc = run_script(SCRIPT, url, out, env, timeout_s)
     trace = proc.stderr  # the script's `set -x` trace, keys left out
     for value in (headers or {}).values():
         trace = trace.replace(value, "***")
     (out / "genai_perf_command.txt").write_text(trace)
     found = sorted(out.glob("*/profile_export_genai_perf.csv"))
-    if proc.returncode != 0 or not found:
-        log = out / "genai_perf_stdout.txt"
-        tail = log.read_text(errors="replace")[-1500:] if log.exists() else proc.stderr[-1500:]
-        raise RuntimeError(f"genai-perf exited {proc.returncode}: {tail}")
-    return read_csv(found[-1])
+    return read_csv(checked_csv("genai-perf", proc, found, out / "genai_perf_stdout.txt"))

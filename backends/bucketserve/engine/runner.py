@@ -212,13 +212,7 @@ class ModelRunner:
     def _step_logits(self, decodes: list[Sequence], chunks: list[Chunk]):
         """Logits [R, V] of the sampled rows (every decode, then chunks that end their prompt)
         and the sequences they belong to. Rows: decode tokens first, then chunk tokens."""
-        bs, ids, positions, slots, context_lens = self.block_size, [], [], [], []
-        for seq in decodes:
-            n = self._check_blocks(seq)
-            ids.append(seq.last_token_id)
-            positions.append(n - 1)
-            slots.append(seq.block_table[(n - 1) // bs] * bs + (n - 1) % bs)
-            context_lens.append(n)
+        ids, positions, slots, context_lens = self._decode_rows(decodes)
         last_rows, rows = list(range(len(decodes))), list(decodes)
         for c in chunks:
             self._check_blocks(c.seq)
@@ -232,6 +226,17 @@ class ModelRunner:
         meta = self._step_metadata(decodes, chunks, slots, context_lens)
         hidden = self._forward(ids, positions, meta)  # [T, D]
         return self.model.compute_logits(hidden[self._tensor(last_rows, torch.int64)]), rows
+
+    def _decode_rows(self, seqs: list[Sequence]):
+        """(token ids, positions, KV slots, context lengths) of one decode token per sequence."""
+        bs, ids, positions, slots, context_lens = self.block_size, [], [], [], []
+        for seq in seqs:
+            n = self._check_blocks(seq)
+            ids.append(seq.last_token_id)
+            positions.append(n - 1)
+            slots.append(seq.block_table[(n - 1) // bs] * bs + (n - 1) % bs)
+            context_lens.append(n)
+        return ids, positions, slots, context_lens
 
     def _step_metadata(self, decodes, chunks, slots, context_lens) -> AttentionMetadata:
         seq_lens = [c.num_tokens for c in chunks]
@@ -261,20 +266,13 @@ class ModelRunner:
             for seq in seqs:
                 self._check_blocks(seq)
             return self._graphs.run(seqs)
-        bs = self.block_size
-        input_ids, positions, slot_mapping, context_lens = [], [], [], []
-        for seq in seqs:
-            n = self._check_blocks(seq)
-            input_ids.append(seq.last_token_id)
-            positions.append(n - 1)
-            slot_mapping.append(seq.block_table[(n - 1) // bs] * bs + (n - 1) % bs)
-            context_lens.append(n)
+        input_ids, positions, slot_mapping, context_lens = self._decode_rows(seqs)
         meta = AttentionMetadata(
             is_prefill=False, slot_mapping=self._tensor(slot_mapping, torch.int64),
             seq_lens=context_lens, max_seqlen=max(context_lens),
         )  # fmt: skip
         tables = [s.block_table for s in seqs]
-        self._backend.prepare_decode(meta, tables, context_lens, bs, self._tensor)
+        self._backend.prepare_decode(meta, tables, context_lens, self.block_size, self._tensor)
         hidden = self._forward(input_ids, positions, meta)  # [B, D]
         return self.model.compute_logits(hidden)
 

@@ -183,18 +183,49 @@ def run_all(systems=SYSTEMS, seeds=SEEDS, workers: int = 2, sink=None, done=()) 
     return rows
 
 
+OPTIONS: tuple[tuple[str, dict], ...] = (
+    ("--out", dict(type=Path, default=Path("perf/results/sim/evidence"))),
+    ("--doc", dict(type=Path, default=None, help="splice the tables into this file")),
+    ("--workers", dict(type=int, default=2, help="processes (<= 2 on shared machines)")),
+    ("--seeds", dict(type=int, default=len(SEEDS))),
+    ("--render-only", dict(action="store_true", help="re-render from --out/runs.csv")),
+    ("--resume", dict(action="store_true", help="keep the sweeps in runs.partial.csv")),
+    ("--server-run", dict(type=Path, default=SERVER_RUN, help="smoke run to check against")),
+    ("--bench", dict(type=Path, default=BENCH, help="engine_bench JSON lines to fit")),
+)
+
+
+def sweep_rows(a: argparse.Namespace, runs: Path, partial: Path, off_csv: Path):
+    """(online rows, offline rows) of a fresh or resumed run, written to runs / off_csv."""
+    from bucketserve.sim.evidence_report import append_rows, read_rows, write_rows
+
+    seeds = tuple(range(a.seeds))
+    if a.resume and off_csv.exists():
+        off = read_rows(off_csv)
+    else:
+        with get_context("fork").Pool(a.workers) as pool:
+            off = [r for rs in pool.map(offline, seeds) for r in rs]
+        write_rows(off, off_csv)
+    kept = read_rows(partial) if a.resume and partial.exists() else []
+    keep = {s.label for s in SYSTEMS}
+    kept = [r | {"cpu_s": r.get("cpu_s", float("nan"))} for r in kept if r["policy"] in keep]
+    partial.unlink(missing_ok=True)
+    if kept:
+        append_rows(kept, partial)
+    done = {(r["policy"], r["workload"], int(r["seed"])) for r in kept}
+    rows = kept + run_all(seeds=seeds, workers=a.workers, done=done,
+                          sink=lambda r: append_rows(r, partial))  # fmt: skip
+    write_rows(rows, runs)
+    partial.unlink()
+    return rows, off
+
+
 def main(argv: list[str] | None = None) -> int:
-    from bucketserve.sim.evidence_report import append_rows, read_rows, render, write_rows
+    from bucketserve.sim.evidence_report import read_rows, render, write_rows
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("perf/results/sim/evidence"))
-    p.add_argument("--doc", type=Path, default=None, help="splice the tables into this file")
-    p.add_argument("--workers", type=int, default=2, help="processes (<= 2 on shared machines)")
-    p.add_argument("--seeds", type=int, default=len(SEEDS))
-    p.add_argument("--render-only", action="store_true", help="re-render from --out/runs.csv")
-    p.add_argument("--resume", action="store_true", help="keep the sweeps in runs.partial.csv")
-    p.add_argument("--server-run", type=Path, default=SERVER_RUN, help="smoke run to check against")
-    p.add_argument("--bench", type=Path, default=BENCH, help="engine_bench JSON lines to fit")
+    for flag, kw in OPTIONS:
+        p.add_argument(flag, **kw)
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -203,24 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_rows(runs if runs.exists() else partial)
         off = read_rows(off_csv) if off_csv.exists() else []
     else:
-        seeds = tuple(range(a.seeds))
-        if a.resume and off_csv.exists():
-            off = read_rows(off_csv)
-        else:
-            with get_context("fork").Pool(a.workers) as pool:
-                off = [r for rs in pool.map(offline, seeds) for r in rs]
-            write_rows(off, off_csv)
-        kept = read_rows(partial) if a.resume and partial.exists() else []
-        keep = {s.label for s in SYSTEMS}
-        kept = [r | {"cpu_s": r.get("cpu_s", float("nan"))} for r in kept if r["policy"] in keep]
-        partial.unlink(missing_ok=True)
-        if kept:
-            append_rows(kept, partial)
-        done = {(r["policy"], r["workload"], int(r["seed"])) for r in kept}
-        rows = kept + run_all(seeds=seeds, workers=a.workers, done=done,
-                              sink=lambda r: append_rows(r, partial))  # fmt: skip
-        write_rows(rows, runs)
-        partial.unlink()
+        rows, off = sweep_rows(a, runs, partial, off_csv)
     wall = time.perf_counter() - t0
     validation = None
     if a.server_run.exists() and a.bench.exists():

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from bucketserve.bench.aiperf_run import aiperf_csv
 from bucketserve.bench.fixed_load import FixedLoadResult
-from bucketserve.bench.genai_perf import metric, read_csv
+from bucketserve.bench.genai_perf import metric, read_csv, run_script, tool_env
 from bucketserve.bench.metrics import summarize
 from bucketserve.bench.perf_analyzer import input_data, parse_export
 from bucketserve.bench.records import RequestRecord
@@ -35,6 +36,21 @@ def test_perf_analyzer_input_data_carries_the_contract():
     entry = input_data([REQ])["data"][0]
     assert entry["text_input"] == ["some prompt"] and entry["stream"] == [True]
     assert entry["max_tokens"] == entry["min_tokens"] == [3]
+
+
+def test_a_tool_script_gets_our_prompts_and_a_failed_run_names_its_log(tmp_path):
+    script = tmp_path / "tool.sh"
+    script.write_text('#!/bin/sh\necho "$1 $CONCURRENCY $REQUESTS $OUTPUT_MEAN $MODEL" > "$2/args"\n'
+                      'mkdir -p "$2/concurrency4"; echo "no server" > "$2/concurrency4/aiperf_stdout.txt"\n'
+                      "exit 3\n")  # fmt: skip
+    script.chmod(0o755)
+    env = tool_env([REQ, REQ], 4, tmp_path, MODEL="m")
+    assert env["INPUT_FILE"] == str(tmp_path / "prompts.jsonl")
+    assert (tmp_path / "prompts.jsonl").read_text().count("some prompt") == 2
+    proc = run_script(script, "host:1", tmp_path, env, 10.0)
+    assert (tmp_path / "args").read_text() == "host:1 4 2 3 m\n"
+    with pytest.raises(RuntimeError, match="aiperf exited 3: no server"):
+        aiperf_csv(proc, tmp_path, 4)
 
 
 def test_genai_perf_csv(tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 from bucketserve.engine.block_manager import BlockManager
+from bucketserve.engine.config import EngineConfig
+from bucketserve.engine.runner import ModelRunner
 from bucketserve.engine.sequence import Sequence
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -68,6 +70,20 @@ def step_logits(runner, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.T
     decode = runner.decode_logits(seqs)
     runner.close()
     return prefill, decode
+
+
+def fast_and_eager_logits(model: str, check, **config) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(fast, eager) pairs of step_logits: the CPU fast path (C++ kernels, fused oneDNN linears)
+    and the plain HF layout (sdpa), each runner first passed to check(runner, fast)."""
+    prompts = [list(range(10, 10 + n)) for n in (1, 4, 9, 30)]
+    logits = {}
+    for fast in (True, False):
+        runner = ModelRunner(EngineConfig(model=model, device="cpu", num_blocks=64, block_size=4,
+                                          optimize_weights=fast,
+                                          attention="auto" if fast else "sdpa", **config))  # fmt: skip
+        check(runner, fast)
+        logits[fast] = step_logits(runner, prompts)
+    return list(zip(logits[True], logits[False], strict=True))
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -17,10 +17,10 @@ from bucketserve.engine.rope import apply_rope
 from bucketserve.engine.runner import ModelRunner
 
 from tests.unit.engine.helpers import (
+    fast_and_eager_logits,
     paged_decode,
     rel_err,
     scattered_paged_cache,
-    step_logits,
 )
 
 BF16 = torch.bfloat16
@@ -109,19 +109,14 @@ def test_kernels_reject_mixed_dtypes(kernels):
 @pytest.mark.parametrize("model", ["dummy:tiny", "dummy:tiny-qwen3"])
 def test_bf16_runner_with_kernels_matches_its_eager_reference(model):
     """bf16 fast path (C++ kernels, fused oneDNN bf16 linears) against the bf16 HF layout."""
-    prompts = [list(range(10, 10 + n)) for n in (1, 4, 9, 30)]
-    logits = {}
-    for fast in (True, False):
-        config = EngineConfig(model=model, device="cpu", dtype="bfloat16", num_blocks=64,
-                              block_size=4, optimize_weights=fast,
-                              attention="auto" if fast else "sdpa")  # fmt: skip
-        runner = ModelRunner(config)
+
+    def check(runner, fast):
         assert runner.pool.dtype == BF16
         assert (runner.linear_impl, runner.elementwise_impl, runner.attention_backend) == (
             ("onednn", "cpp", "cpu_paged") if fast else ("torch", "torch", "sdpa")
         )
-        logits[fast] = step_logits(runner, prompts)
-    for ours, ref in zip(logits[True], logits[False], strict=True):
+
+    for ours, ref in fast_and_eager_logits(model, check, dtype="bfloat16"):
         assert ours.dtype == torch.float32  # logits (and sampling) stay float32
         assert rel_err(ours, ref) < 3e-2  # bf16 keeps ~3 significant digits per op
 

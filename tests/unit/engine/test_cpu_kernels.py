@@ -9,16 +9,14 @@ from bucketserve.engine import cpu_ops
 from bucketserve.engine.attention import store_kv
 from bucketserve.engine.attention.cpu_paged import CpuPagedBackend
 from bucketserve.engine.attention.sdpa import SdpaBackend
-from bucketserve.engine.config import EngineConfig
 from bucketserve.engine.model import RMSNorm
 from bucketserve.engine.rope import apply_rope
-from bucketserve.engine.runner import ModelRunner
 
 from tests.unit.engine.helpers import (
+    fast_and_eager_logits,
     paged_decode,
     rel_err,
     scattered_paged_cache,
-    step_logits,
 )
 
 
@@ -110,18 +108,13 @@ def test_rope_and_store_kv_matches_reference(kernels):
 def test_runner_with_kernels_matches_eager_reference(model):
     """The fast path (C++ kernels, fused oneDNN linears) against the plain HF-layout model."""
 
-    prompts = [list(range(10, 10 + n)) for n in (1, 4, 9, 30)]
-    logits = {}
-    for fast in (True, False):
-        config = EngineConfig(model=model, device="cpu", dtype="float32", num_blocks=64,
-                              block_size=4, optimize_weights=fast, attention="auto" if fast else "sdpa",
-                              warm_gemms=True, max_num_batched_tokens=1024)  # fmt: skip
-        runner = ModelRunner(config)
+    def check(runner, fast):
         assert runner.elementwise_impl == ("cpp" if fast else "torch")
         # oneDNN linears run their shapes once at start-up; the HF layout has none to run
         assert ("GEMM shapes run at start-up" in runner.describe()) == fast
-        logits[fast] = step_logits(runner, prompts)
-    for ours, ref in zip(logits[True], logits[False], strict=True):
+
+    config = dict(dtype="float32", warm_gemms=True, max_num_batched_tokens=1024)
+    for ours, ref in fast_and_eager_logits(model, check, **config):
         assert rel_err(ours, ref) < 1e-5
 
 

@@ -10,18 +10,11 @@ import torch
 from bucketserve.kv.handoff import HandoffTable
 from bucketserve.kv.transport import PoolHandle, allocate_pool, open_pool, release_pool
 
-from tests.unit.kv.kv_workers import ShmNames, pull_and_ack
+from tests.unit.kv.kv_workers import pull_and_ack
 
 NUM_BLOCKS = 16
 SHAPE = (2, 2, NUM_BLOCKS, 4, 2, 8)
 TIMEOUT_S = 30.0
-
-
-@pytest.fixture
-def names():
-    made = ShmNames()
-    yield made
-    made.cleanup()
 
 
 def run_handoff(names, device: str, consumer_device: str) -> None:

@@ -16,13 +16,6 @@ TIMEOUT_S = 10.0
 
 
 @pytest.fixture
-def names():
-    made = ShmNames()
-    yield made
-    made.cleanup()
-
-
-@pytest.fixture
 def tables(names):
     producer = HandoffTable.create(names("ho"), NUM_BLOCKS, TIMEOUT_S)
     consumer = HandoffTable.open(producer.name)

@@ -10,14 +10,7 @@ import pytest
 from bucketserve.kv import stats as stats_mod
 from bucketserve.kv.stats import InstanceStatsSnapshot, StatsBlock
 
-from tests.unit.kv.kv_workers import ShmNames, read_stats
-
-
-@pytest.fixture
-def names():
-    made = ShmNames()
-    yield made
-    made.cleanup()
+from tests.unit.kv.kv_workers import read_stats
 
 
 def test_publish_then_read_from_another_opener(names):

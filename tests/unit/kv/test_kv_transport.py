@@ -18,16 +18,7 @@ from bucketserve.kv.transport import (
     release_pool,
 )
 
-from tests.unit.kv.kv_workers import ShmNames
-
 SHAPE = (2, 2, 6, 4, 3, 8)  # [layers, 2, num_blocks, block_size, kv_heads, head_dim]
-
-
-@pytest.fixture
-def names():
-    made = ShmNames()
-    yield made
-    made.cleanup()
 
 
 def test_allocate_zeroed_shared_and_roundtrip(names):

@@ -13,7 +13,13 @@ from bucketserve.serving.front.app import Front
 from bucketserve.serving.front.health import DEGRADED, READY, Health
 from bucketserve.serving.front.metrics import FrontMetrics
 from bucketserve.serving.front.server import FrontServer
-from bucketserve.serving.launch.ports import Port, PortUnavailable, check_free, free_port
+from bucketserve.serving.launch.ports import (
+    Port,
+    PortUnavailable,
+    check_free,
+    free_port,
+    http_ready,
+)
 from bucketserve.serving.openai.app import Settings
 
 from tests.unit.serving.grpc_upstream import GrpcUpstream
@@ -84,6 +90,14 @@ def test_not_ready_is_503_on_every_route_and_health_says_why(edge):
     assert r.status_code == 503 and "decode_0_0" in r.json()["error"]
     r = requests.get(f"{base}/health")
     assert r.status_code == 503 and "decode_0_0" in r.json()["cause"]
+
+
+def test_http_ready_is_true_only_for_a_ready_server(edge):
+    host_port = edge[0].removeprefix("http://")
+    assert http_ready(host_port, 5.0)
+    edge[3].set(DEGRADED, "stub process decode_0_0 (pid 7) died")
+    assert not http_ready(host_port, 5.0)
+    assert not http_ready(f"127.0.0.1:{free_port()}", 5.0)  # nothing listens
 
 
 def test_openai_errors_keep_openai_shape(edge):

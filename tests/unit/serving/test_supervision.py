@@ -25,18 +25,22 @@ def wait_gone(pid: int, timeout_s: float) -> bool:
     return False
 
 
+def parent_and_child(setup: str, start_child: str) -> tuple[subprocess.Popen, int]:
+    """A Python parent that runs `setup`, starts `start_child` (a Popen expression), prints the
+    child's pid and sleeps; returns (the parent, the child's pid)."""
+    code = f"{setup}child = {start_child}\nprint(child.pid, flush=True)\ntime.sleep(60)\n"
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    return parent, int(parent.stdout.readline())
+
+
 def test_stub_watchdog_kills_a_process_whose_parent_died():
     """Parent P starts child C; C calls exit_when_orphaned(); P dies -> C dies within ~1 s."""
-    code = (
-        "import os, subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', "
+    parent, child = parent_and_child(
+        "import os, subprocess, sys, time\n",
+        "subprocess.Popen([sys.executable, '-c', "
         "'from bucketserve.serving.launch.procs import exit_when_orphaned as w; "
-        "import time; w(0.1); time.sleep(60)'])\n"
-        "print(child.pid, flush=True)\n"
-        "time.sleep(60)\n"
+        "import time; w(0.1); time.sleep(60)'])",
     )
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    child = int(parent.stdout.readline())
     time.sleep(1.0)  # the watchdog has started
     assert procs.is_alive(child)
     parent.kill()
@@ -141,18 +145,14 @@ def test_mapped_names_include_a_segment_this_process_maps():
 def test_die_with_parent_execs_in_place_and_dies_with_the_starting_process():
     """The launcher's way of starting tritonserver, from a parent whose other threads are busy
     (a Popen preexec_fn there crashed the child): same pid, the real program, gone with P."""
-    code = (
+    parent, child = parent_and_child(
         "import subprocess, threading, time\n"
         "from bucketserve.serving.launch.procs import die_with_parent\n"
         "def spin():\n"
         "    while True: [bytearray(4096) for _ in range(100)]\n"
-        "for _ in range(4): threading.Thread(target=spin, daemon=True).start()\n"
-        "child = subprocess.Popen(die_with_parent(['/bin/sleep', '60']))\n"
-        "print(child.pid, flush=True)\n"
-        "time.sleep(60)\n"
+        "for _ in range(4): threading.Thread(target=spin, daemon=True).start()\n",
+        "subprocess.Popen(die_with_parent(['/bin/sleep', '60']))",
     )
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    child = int(parent.stdout.readline())
     deadline = time.monotonic() + 10
     while psutil.Process(child).name() != "sleep" and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -9,136 +9,125 @@ import sys
 
 from bucketserve.serving.config import KNOWN_POLICIES, TOPOLOGIES, ServeConfig
 
+DEVICES_HELP = "cpu or cuda:N (repeatable; default cpu)"
+
+# The options of `serve`: (flag, add_argument keywords). The default, unless given, is
+# ServeConfig's value of the option's dest; serve_config reads every dest back.
+# fmt: off
+SERVE_OPTIONS: tuple[tuple[str, dict], ...] = (
+    ("--model", dict(help="HF checkpoint dir, .gguf file, 'smollm2' or dummy:<shape>")),
+    ("--policy", dict(choices=KNOWN_POLICIES)),
+    ("--topology", dict(
+        choices=TOPOLOGIES,
+        help="disaggregated: prefill instances hand KV to decode instances; colocated: each "
+        "--decode-devices instance runs fused decode + prompt-chunk iterations (no hand-off)")),
+    ("--chunk-tokens", dict(
+        type=int,
+        help="colocated: tokens per iteration (every running decode's token, then prompt "
+        "chunks); 0 (default): 32 per thread of a CPU instance, 512 on GPU")),
+    ("--prefill-devices", dict(action="append", default=None, help=DEVICES_HELP)),
+    ("--decode-devices", dict(action="append", default=None, help=DEVICES_HELP)),
+    ("--host", {}),
+    ("--http-port", dict(type=int)),
+    ("--grpc-port", dict(
+        type=int,
+        help="the gRPC edge: Triton's gRPC protocol for the entry models (tritonserver's own"
+        " gRPC listens on an internal loopback port; docs/security.md)")),
+    ("--metrics-port", dict(type=int)),
+    ("--run-dir", {}),
+    ("--dtype", dict(
+        help="auto: bfloat16 on GPUs and on CPUs with "
+        "AVX512-BF16/AMX, else float32 (logged at start); or float32, bfloat16")),
+    ("--attention", {}),
+    ("--block-size", dict(type=int)),
+    ("--kv-cache-gb", dict(type=float)),
+    ("--max-model-len", dict(type=int)),
+    ("--gpu-memory-utilization", dict(
+        type=float,
+        help="GPU: share of total memory per engine instance (default 0.9 / instances)")),
+    ("--cuda-graphs", dict(
+        action=argparse.BooleanOptionalAction,
+        help="GPU: replay decode steps as CUDA graphs (--no-cuda-graphs: eager)")),
+    ("--prefix-caching", dict(
+        dest="enable_prefix_caching", action=argparse.BooleanOptionalAction,
+        help="reuse the KV of prompt prefixes shared across requests (--no-prefix-caching: off)")),
+    ("--default-max-tokens", dict(type=int)),
+    ("--log-verbose", dict(type=int)),
+    ("--max-prefill-tokens", dict(type=int)),
+    ("--max-decode-batch", dict(type=int)),
+    ("--stream-interval-s", dict(type=float)),
+    ("--scheduler", dict(
+        type=json.loads, metavar="JSON",
+        help='SchedulerConfig overrides, e.g. \'{"enable_bucketing": false}\' (ablations)')),
+)
+
+# Limits of the public endpoints, overload and shutdown (see README: Fault tolerance).
+FAULT_OPTIONS: tuple[tuple[str, dict], ...] = (
+    ("--max-request-bytes", dict(
+        type=int, help="HTTP request bodies above this get 413 before reaching Triton")),
+    ("--max-queued-requests", dict(
+        type=int,
+        help="requests waiting for prefill beyond this get 'server busy' (503); 0: from memory")),
+    ("--max-concurrent-requests", dict(
+        type=int,
+        help="inference requests in flight at the HTTP front beyond this get 'server busy' (503)"
+        " at once, before reaching Triton; 0: no cap")),
+    ("--drain-timeout-s", dict(
+        type=float, help="on SIGTERM/SIGINT, how long in-flight requests may still finish")),
+    ("--canary-interval-s", dict(
+        type=float, help="send a 2-token canary request through every stage this often; 0: off")),
+    ("--canary-timeout-s", dict(
+        type=float,
+        help="a canary with no answer in this time (while no other request finished) fails;"
+        " two failures in a row restart the server, readiness naming the cause")),
+)
+# fmt: on
+
+
+def dest(flag: str, kw: dict) -> str:
+    """The Namespace attribute (and ServeConfig field) an option fills."""
+    return kw.get("dest", flag.removeprefix("--").replace("-", "_"))
+
+
+def add_options(p: argparse.ArgumentParser, options, d: ServeConfig) -> None:
+    """Declare `options`, each defaulting to its ServeConfig field unless it names a default."""
+    for flag, kw in options:
+        p.add_argument(flag, **{"default": getattr(d, dest(flag, kw)), **kw})
+
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     d = ServeConfig()
-    p.add_argument(
-        "--model", default=d.model, help="HF checkpoint dir, .gguf file, 'smollm2' or dummy:<shape>"
-    )
-    p.add_argument("--policy", default=d.policy, choices=KNOWN_POLICIES)
-    p.add_argument(
-        "--topology", default=d.topology, choices=TOPOLOGIES,
-        help="disaggregated: prefill instances hand KV to decode instances; colocated: each "
-        "--decode-devices instance runs fused decode + prompt-chunk iterations (no hand-off)",
-    )  # fmt: skip
-    p.add_argument(
-        "--chunk-tokens", type=int, default=d.chunk_tokens,
-        help="colocated: tokens per iteration (every running decode's token, then prompt "
-        "chunks); 0 (default): 32 per thread of a CPU instance, 512 on GPU",
-    )  # fmt: skip
-    p.add_argument(
-        "--prefill-devices", action="append", help="cpu or cuda:N (repeatable; default cpu)"
-    )
-    p.add_argument(
-        "--decode-devices", action="append", help="cpu or cuda:N (repeatable; default cpu)"
-    )
-    p.add_argument("--host", default=d.host)
-    p.add_argument("--http-port", type=int, default=d.http_port)
-    p.add_argument(
-        "--grpc-port", type=int, default=d.grpc_port,
-        help="the gRPC edge: Triton's gRPC protocol for the entry models (tritonserver's own"
-        " gRPC listens on an internal loopback port; docs/security.md)",
-    )  # fmt: skip
-    p.add_argument("--metrics-port", type=int, default=d.metrics_port)
-    p.add_argument("--run-dir", default=d.run_dir)
-    p.add_argument(
-        "--dtype",
-        default=d.dtype,
-        help="auto: bfloat16 on GPUs and on CPUs with "
-        "AVX512-BF16/AMX, else float32 (logged at start); or float32, bfloat16",
-    )
-    p.add_argument("--attention", default=d.attention)
-    p.add_argument("--block-size", type=int, default=d.block_size)
-    p.add_argument("--kv-cache-gb", type=float, default=d.kv_cache_gb)
-    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=d.gpu_memory_utilization,
-        help="GPU: share of total memory per engine instance (default 0.9 / instances)",
-    )
-    p.add_argument(
-        "--cuda-graphs",
-        action=argparse.BooleanOptionalAction,
-        default=d.cuda_graphs,
-        help="GPU: replay decode steps as CUDA graphs (--no-cuda-graphs: eager)",
-    )
-    p.add_argument(
-        "--prefix-caching", dest="enable_prefix_caching",
-        action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching,
-        help="reuse the KV of prompt prefixes shared across requests (--no-prefix-caching: off)",
-    )  # fmt: skip
-    p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
-    p.add_argument("--log-verbose", type=int, default=d.log_verbose)
-    p.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
-    p.add_argument("--max-decode-batch", type=int, default=d.max_decode_batch)
-    p.add_argument("--stream-interval-s", type=float, default=d.stream_interval_s)
-    p.add_argument(
-        "--scheduler", type=json.loads, default=d.scheduler, metavar="JSON",
-        help='SchedulerConfig overrides, e.g. \'{"enable_bucketing": false}\' (ablations)',
-    )  # fmt: skip
+    add_options(p, SERVE_OPTIONS, d)
     add_fault_args(p, d)
 
 
 def add_fault_args(p: argparse.ArgumentParser, d: ServeConfig) -> None:
     """Limits of the public endpoints, overload and shutdown (see README: Fault tolerance)."""
-    p.add_argument(
-        "--max-request-bytes", type=int, default=d.max_request_bytes,
-        help="HTTP request bodies above this get 413 before reaching Triton",
-    )  # fmt: skip
-    p.add_argument(
-        "--max-queued-requests", type=int, default=d.max_queued_requests,
-        help="requests waiting for prefill beyond this get 'server busy' (503); 0: from memory",
-    )  # fmt: skip
-    p.add_argument(
-        "--max-concurrent-requests", type=int, default=d.max_concurrent_requests,
-        help="inference requests in flight at the HTTP front beyond this get 'server busy' (503)"
-        " at once, before reaching Triton; 0: no cap",
-    )  # fmt: skip
-    p.add_argument(
-        "--drain-timeout-s", type=float, default=d.drain_timeout_s,
-        help="on SIGTERM/SIGINT, how long in-flight requests may still finish",
-    )  # fmt: skip
-    p.add_argument(
-        "--canary-interval-s", type=float, default=d.canary_interval_s,
-        help="send a 2-token canary request through every stage this often; 0: off",
-    )  # fmt: skip
-    p.add_argument(
-        "--canary-timeout-s", type=float, default=d.canary_timeout_s,
-        help="a canary with no answer in this time (while no other request finished) fails;"
-        " two failures in a row restart the server, readiness naming the cause",
-    )  # fmt: skip
+    add_options(p, FAULT_OPTIONS, d)
 
 
 def fault_fields(a: argparse.Namespace) -> dict:
-    return {
-        "max_request_bytes": a.max_request_bytes,
-        "max_queued_requests": a.max_queued_requests,
-        "max_concurrent_requests": a.max_concurrent_requests,
-        "drain_timeout_s": a.drain_timeout_s,
-        "canary_interval_s": a.canary_interval_s,
-        "canary_timeout_s": a.canary_timeout_s,
-    }
+    return {dest(flag, kw): getattr(a, dest(flag, kw)) for flag, kw in FAULT_OPTIONS}
 
 
 def add_security_args(p: argparse.ArgumentParser) -> None:
     """Keys of the public endpoints (docs/security.md); the environment keeps them off `ps`."""
-    p.add_argument(
-        "--api-key", default=os.environ.get("BUCKETSERVE_API_KEY", ""),
-        help="require 'Authorization: Bearer KEY' on v2 and OpenAI routes and the gRPC header"
-        " 'triton-grpc-protocol-api-key: KEY' (default $BUCKETSERVE_API_KEY; health and metrics"
-        " stay open)",
-    )  # fmt: skip
-    p.add_argument(
-        "--metrics-need-api-key", action="store_true",
-        help="with --api-key, the edge's /metrics needs it too (health probes never do)",
-    )  # fmt: skip
-    p.add_argument(
-        "--admin-key", default=os.environ.get("BUCKETSERVE_ADMIN_KEY", ""),
-        help="open Triton's shared-memory, repository, trace and logging APIs to requests with"
-        " the header 'admin-key: KEY' (gRPC: 'triton-grpc-protocol-admin-key'); default"
-        " $BUCKETSERVE_ADMIN_KEY, unset: closed (403)",
-    )  # fmt: skip
+    env = os.environ.get
+    add_options(p, (
+        ("--api-key", dict(
+            default=env("BUCKETSERVE_API_KEY", ""),
+            help="require 'Authorization: Bearer KEY' on v2 and OpenAI routes and the gRPC header"
+            " 'triton-grpc-protocol-api-key: KEY' (default $BUCKETSERVE_API_KEY; health and metrics"
+            " stay open)")),
+        ("--metrics-need-api-key", dict(
+            action="store_true",
+            help="with --api-key, the edge's /metrics needs it too (health probes never do)")),
+        ("--admin-key", dict(
+            default=env("BUCKETSERVE_ADMIN_KEY", ""),
+            help="open Triton's shared-memory, repository, trace and logging APIs to requests with"
+            " the header 'admin-key: KEY' (gRPC: 'triton-grpc-protocol-admin-key'); default"
+            " $BUCKETSERVE_ADMIN_KEY, unset: closed (403)")),
+    ), ServeConfig())  # fmt: skip
 
 
 def add_openai_args(p: argparse.ArgumentParser) -> None:
@@ -149,39 +138,17 @@ def add_openai_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+# Fields whose options only `serve` declares: a Namespace without them gets ServeConfig's value.
+OPTIONAL_FIELDS = ("openai_port", "admin_key", "api_key", "metrics_need_api_key")
+
+
 def serve_config(a: argparse.Namespace) -> ServeConfig:
-    return ServeConfig(
-        model=a.model,
-        policy=a.policy,
-        topology=a.topology,
-        chunk_tokens=a.chunk_tokens,
-        prefill_devices=a.prefill_devices or ["cpu"],
-        decode_devices=a.decode_devices or ["cpu"],
-        host=a.host,
-        http_port=a.http_port,
-        grpc_port=a.grpc_port,
-        metrics_port=a.metrics_port,
-        run_dir=a.run_dir,
-        dtype=a.dtype,
-        attention=a.attention,
-        block_size=a.block_size,
-        kv_cache_gb=a.kv_cache_gb,
-        max_model_len=a.max_model_len,
-        gpu_memory_utilization=a.gpu_memory_utilization,
-        cuda_graphs=a.cuda_graphs,
-        enable_prefix_caching=a.enable_prefix_caching,
-        default_max_tokens=a.default_max_tokens,
-        log_verbose=a.log_verbose,
-        max_prefill_tokens=a.max_prefill_tokens,
-        max_decode_batch=a.max_decode_batch,
-        stream_interval_s=a.stream_interval_s,
-        scheduler=a.scheduler,
-        **fault_fields(a),
-        openai_port=getattr(a, "openai_port", ServeConfig().openai_port),
-        admin_key=getattr(a, "admin_key", ""),
-        api_key=getattr(a, "api_key", ""),
-        metrics_need_api_key=getattr(a, "metrics_need_api_key", False),
-    )
+    d = ServeConfig()
+    fields = {dest(flag, kw): getattr(a, dest(flag, kw)) for flag, kw in SERVE_OPTIONS}
+    fields.update(fault_fields(a), prefill_devices=a.prefill_devices or ["cpu"],
+                  decode_devices=a.decode_devices or ["cpu"])  # fmt: skip
+    fields.update({name: getattr(a, name, getattr(d, name)) for name in OPTIONAL_FIELDS})
+    return ServeConfig(**fields)
 
 
 def cmd_serve(a: argparse.Namespace) -> int:

@@ -8,15 +8,19 @@ import secrets
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.core.messages import RUN_SECRET_ENV, new_run_secret
 from bucketserve.serving.front.allowlist import ADMIN_GROUPS, ADMIN_HEADER, API_KEY_HEADER
-from bucketserve.serving.launch.ports import Port, check_free, local_host, triton_port_error
+from bucketserve.serving.launch.ports import (
+    Port,
+    check_free,
+    http_ready,
+    local_host,
+    triton_port_error,
+)
 from bucketserve.serving.launch.procs import (
     RUN_CONFIG_ENV,
     die_with_parent,
@@ -159,12 +163,7 @@ class TritonServer:
 
     def is_ready(self) -> bool:
         """One probe of Triton's own /v2/health/ready."""
-        try:
-            url = f"http://{self.http_url}/v2/health/ready"
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+        return http_ready(self.http_url, 2)
 
     def exit_error(self) -> RuntimeError:
         """Why tritonserver exited: a port it could not bind (named), else its log's tail."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 import socket
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 
 # tritonserver's own words when it cannot bind (main.cc: "failed to start GRPC service: ...")
@@ -78,3 +80,12 @@ def triton_port_error(log_text: str, host: str, ports: list[Port]) -> PortUnavai
     number = int(found["port"])
     flag = next((p.flag for p in ports if p.port == number), "a port flag")
     return PortUnavailable(host, number, flag, "address already in use")
+
+
+def http_ready(http_url: str, timeout_s: float) -> bool:
+    """One probe of /v2/health/ready at host:port: True on 200, False if it cannot answer."""
+    try:
+        with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False

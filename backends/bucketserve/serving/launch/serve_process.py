@@ -12,13 +12,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil
 
-from bucketserve.serving.launch.ports import free_port
+from bucketserve.serving.launch.ports import free_port, http_ready
 from bucketserve.serving.launch.procs import STUB_NAME, stub_instance
 
 __all__ = ["ServeProcess", "free_port"]
@@ -58,12 +56,7 @@ class ServeProcess:
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
     def ready(self) -> bool:
-        try:
-            url = f"http://{self.http_url}/v2/health/ready"
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+        return http_ready(self.http_url, 5)
 
     def wait_ready(self, timeout_s: float = 600.0) -> float:
         """Seconds until the front says ready; raises if the launcher exits or time runs out."""

@@ -72,18 +72,23 @@ def counter(name: str, description: str, labels: dict):
     return metric(name, description, pb_utils.MetricFamily.COUNTER, labels=labels)
 
 
+def declare(obj, labels: dict, specs) -> None:
+    """Set obj.<attr> for each (attr, maker, name, description, *buckets) of `specs`."""
+    for attr, make, name, description, *buckets in specs:
+        setattr(obj, attr, make(name, description, labels, *buckets))
+
+
 class KvMetrics:
     """Free and total KV blocks of one engine instance; free counts the blocks that only hold
     an evictable cached prefix (allocatable), which `kv_blocks_cached` shows apart."""
 
     def __init__(self, instance: str) -> None:
-        labels = {"instance": instance}
-        self.free = gauge("kv_blocks_free", "Free KV cache blocks of an engine instance", labels)
-        self.total = gauge("kv_blocks_total", "KV cache blocks of an engine instance", labels)
-        self.cached = gauge(
-            "kv_blocks_cached",
-            "Free KV blocks still holding a cached prefix (evictable; counted in free)", labels,
-        )  # fmt: skip
+        declare(self, {"instance": instance}, (
+            ("free", gauge, "kv_blocks_free", "Free KV cache blocks of an engine instance"),
+            ("total", gauge, "kv_blocks_total", "KV cache blocks of an engine instance"),
+            ("cached", gauge, "kv_blocks_cached",
+             "Free KV blocks still holding a cached prefix (evictable; counted in free)"),
+        ))  # fmt: skip
 
     def set(self, free: int, total: int, cached: int = 0) -> None:
         self.free.set(free)
@@ -96,14 +101,14 @@ class PrefixCacheMetrics:
     (counters, so hit rate = rate(hits) / rate(queries) over any window)."""
 
     def __init__(self, instance: str) -> None:
-        labels = {"instance": instance}
-        self.queries = counter("prefix_cache_queries_total",
-                               "Prompt tokens looked up in the prefix cache", labels)  # fmt: skip
-        self.hits = counter("prefix_cache_hits_total",
-                            "Prompt tokens found in the prefix cache (not recomputed)", labels)  # fmt: skip
-        self.evictions = counter(
-            "prefix_cache_evictions_total", "Cached KV blocks evicted for reuse", labels
-        )
+        declare(self, {"instance": instance}, (
+            ("queries", counter, "prefix_cache_queries_total",
+             "Prompt tokens looked up in the prefix cache"),
+            ("hits", counter, "prefix_cache_hits_total",
+             "Prompt tokens found in the prefix cache (not recomputed)"),
+            ("evictions", counter, "prefix_cache_evictions_total",
+             "Cached KV blocks evicted for reuse"),
+        ))  # fmt: skip
         self._seen = (0, 0, 0)
 
     def set(self, blocks) -> None:
@@ -121,26 +126,18 @@ class RequestMetrics:
 
     def __init__(self, instance: str) -> None:
         labels = {"instance": instance}
-        self.ttft = histogram(
-            "time_to_first_token_seconds", "Time to first token", labels, LATENCY_BUCKETS
-        )
-        self.tpot = histogram(
-            "time_per_output_token_seconds",
-            "Mean time per output token after the first",
-            labels,
-            TPOT_BUCKETS,
-        )
-        self.e2e = histogram(
-            "e2e_request_latency_seconds", "End-to-end request latency", labels, LATENCY_BUCKETS
-        )
-        self.handoff = histogram(
-            "handoff_latency_seconds",
-            "End of prefill to KV pulled by decode",
-            labels,
-            LATENCY_BUCKETS,
-        )
-        self.prompt_tokens = counter("prompt_tokens_total", "Prompt tokens processed", labels)
-        self.generation_tokens = counter("generation_tokens_total", "Tokens generated", labels)
+        declare(self, labels, (
+            ("ttft", histogram, "time_to_first_token_seconds", "Time to first token",
+             LATENCY_BUCKETS),
+            ("tpot", histogram, "time_per_output_token_seconds",
+             "Mean time per output token after the first", TPOT_BUCKETS),
+            ("e2e", histogram, "e2e_request_latency_seconds", "End-to-end request latency",
+             LATENCY_BUCKETS),
+            ("handoff", histogram, "handoff_latency_seconds",
+             "End of prefill to KV pulled by decode", LATENCY_BUCKETS),
+            ("prompt_tokens", counter, "prompt_tokens_total", "Prompt tokens processed"),
+            ("generation_tokens", counter, "generation_tokens_total", "Tokens generated"),
+        ))  # fmt: skip
         self.kind = family(
             "requests_total", "Finished requests by finish reason", pb_utils.MetricFamily.COUNTER
         )
@@ -168,34 +165,26 @@ class SchedulerMetrics:
 
     def __init__(self, policy: str) -> None:
         labels = {"policy": policy}
-        self.batch_size = histogram(
-            "prefill_batch_size", "Requests per prefill batch", labels, BATCH_BUCKETS
+        declare(self, labels, (
+            ("batch_size", histogram, "prefill_batch_size", "Requests per prefill batch",
+             BATCH_BUCKETS),
+            ("batch_time", histogram, "prefill_batch_seconds",
+             "Prefill batch latency seen by the scheduler", LATENCY_BUCKETS),
+            ("padding", gauge, "padding_ratio", "Padding ratio of the last prefill batch"),
+            ("num_buckets", gauge, "bucket_count", "Number of buckets"),
+            ("waiting", gauge, "queue_length_total", "Requests waiting for prefill"),
+            ("decision_s", counter, "scheduler_decision_seconds_total",
+             "Wall time spent deciding batches"),
+            ("decisions", counter, "scheduler_decisions_total", "Batch decisions taken"),
+        ))  # fmt: skip
+        kind = pb_utils.MetricFamily.GAUGE
+        per_bucket = (family("queue_length", "Requests waiting per bucket", kind),
+                      family("bucket_upper_bound", "Upper bound (exclusive, tokens) of each bucket",
+                             kind))  # fmt: skip
+        self.queue, self.bounds = (
+            [f.Metric(labels={**labels, "bucket": str(i)}) for i in range(MAX_BUCKETS_EXPORTED)]
+            for f in per_bucket
         )
-        self.batch_time = histogram(
-            "prefill_batch_seconds",
-            "Prefill batch latency seen by the scheduler",
-            labels,
-            LATENCY_BUCKETS,
-        )
-        self.padding = gauge("padding_ratio", "Padding ratio of the last prefill batch", labels)
-        self.num_buckets = gauge("bucket_count", "Number of buckets", labels)
-        self.waiting = gauge("queue_length_total", "Requests waiting for prefill", labels)
-        self.decision_s = counter(
-            "scheduler_decision_seconds_total", "Wall time spent deciding batches", labels
-        )
-        self.decisions = counter("scheduler_decisions_total", "Batch decisions taken", labels)
-        qf = family("queue_length", "Requests waiting per bucket", pb_utils.MetricFamily.GAUGE)
-        bf = family(
-            "bucket_upper_bound",
-            "Upper bound (exclusive, tokens) of each bucket",
-            pb_utils.MetricFamily.GAUGE,
-        )
-        self.queue = [
-            qf.Metric(labels={**labels, "bucket": str(i)}) for i in range(MAX_BUCKETS_EXPORTED)
-        ]
-        self.bounds = [
-            bf.Metric(labels={**labels, "bucket": str(i)}) for i in range(MAX_BUCKETS_EXPORTED)
-        ]
         self.last_buckets = -1
         self.seen_decisions = 0
 
@@ -233,25 +222,19 @@ class DecodeMetrics:
     """One decode instance's own account: requests finished there, preemptions, recompute."""
 
     def __init__(self, instance: str) -> None:
-        labels = {"instance": instance}
         self.finished = instance_finished(instance)
-        self.preemptions = counter(
-            "preemptions_total", "Decode requests preempted for KV space", labels
-        )
-        self.recomputed = counter(
-            "recomputed_tokens_total", "Tokens whose KV decode rebuilt after preemption", labels
-        )
-        self.iterations = counter("iterations_total", "Engine iterations (forward passes)", labels)
-        self.mixed = counter(
-            "mixed_iterations_total",
-            "Iterations that carried both decode tokens and prefill-chunk tokens", labels,
-        )  # fmt: skip
-        self.prefill_tokens = counter(
-            "iteration_prefill_tokens_total", "Prompt (chunk) tokens run by iterations", labels
-        )
-        self.decode_tokens = counter(
-            "iteration_decode_tokens_total", "Decode tokens run by iterations", labels
-        )
+        declare(self, {"instance": instance}, (
+            ("preemptions", counter, "preemptions_total", "Decode requests preempted for KV space"),
+            ("recomputed", counter, "recomputed_tokens_total",
+             "Tokens whose KV decode rebuilt after preemption"),
+            ("iterations", counter, "iterations_total", "Engine iterations (forward passes)"),
+            ("mixed", counter, "mixed_iterations_total",
+             "Iterations that carried both decode tokens and prefill-chunk tokens"),
+            ("prefill_tokens", counter, "iteration_prefill_tokens_total",
+             "Prompt (chunk) tokens run by iterations"),
+            ("decode_tokens", counter, "iteration_decode_tokens_total",
+             "Decode tokens run by iterations"),
+        ))  # fmt: skip
         self._seen = (0,) * 6
 
     def set(self, worker) -> None:
