@@ -113,14 +113,14 @@ def top_rates(g: dict, workload: str, grid_max: float) -> list[str]:
                    for v in seeds.values() if v["top_rate"] >= grid_max and v[0.8] >= grid_max})  # fmt: skip
 
 
-def splice(doc: Path, body: str) -> None:
-    """Replace the generated block of `doc` (between BEGIN and END) with `body`."""
+def splice(doc: Path, body: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the generated block of `doc` (between `begin` and `end`) with `body`."""
     text = doc.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{doc} has no generated block ({BEGIN!r} ... {END!r})")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    doc.write_text(f"{head}{BEGIN}\n{body.rstrip()}\n{END}{tail}")
+    if begin not in text or end not in text:
+        raise ValueError(f"{doc} has no generated block ({begin!r} ... {end!r})")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{begin}\n{body.rstrip()}\n{end}{tail}")
 
 
 def render(rows, offline_rows, out: Path, doc: Path | None, wall_s=None, validation=None) -> None:

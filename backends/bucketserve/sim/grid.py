@@ -173,34 +173,36 @@ def _unit(args) -> list[dict]:
     return sweep(*args)
 
 
-def run_all(todo: list[tuple], workers: int, sink) -> list[dict]:
+def run_pool(fn, todo: list, workers: int, sink, describe) -> list[dict]:
+    """fn over todo on `workers` processes; each result goes to `sink` as it lands (so an
+    interrupted run keeps it) and gets a progress line."""
     rows: list[dict] = []
     t0 = time.perf_counter()
-    # Mixed whole, then the SLO-blind sweeps of Alpaca and phased, then their SLO-aware ones
-    # (an interrupted run renders what it finished)
-    todo = sorted(todo, key=lambda u: (u[1] != "mixed", len(u[3]) == 1, u[1] == "phased"))
     with get_context("fork").Pool(workers) as pool:
-        for i, result in enumerate(pool.imap_unordered(_unit, todo), 1):
+        for i, result in enumerate(pool.imap_unordered(fn, todo), 1):
             rows += result
             sink(result)
-            last = result[-1]
-            print(f"[{i}/{len(todo)} {time.perf_counter() - t0:6.0f} s] {last['system']:26s} "
-                  f"{last['workload']:7s} tpot {last['tpot_s']}: top {last['rate']}", flush=True)  # fmt: skip
+            print(f"[{i}/{len(todo)} {time.perf_counter() - t0:6.0f} s] {describe(result[-1])}",
+                  flush=True)  # fmt: skip
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    from bucketserve.sim.evidence_report import append_rows, write_rows
-    from bucketserve.sim.grid_report import read_grid, render
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("perf/results/sim/grid"))
+def add_run_args(p: argparse.ArgumentParser, out: str, seeds: int) -> None:
+    """The options every resumable simulation command takes."""
+    p.add_argument("--out", type=Path, default=Path(out))
     p.add_argument("--doc", type=Path, default=None, help="splice the tables into this file")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--seeds", type=int, default=seeds)
     p.add_argument("--render-only", action="store_true")
-    p.add_argument("--resume", action="store_true", help="keep the sweeps in rows.partial.csv")
-    a = p.parse_args(argv)
+    p.add_argument("--resume", action="store_true", help="keep the units in rows.partial.csv")
+
+
+def run_resumable(a: argparse.Namespace, run, render) -> int:
+    """Render a.out's rows, or run(kept rows, partial path) -> new rows after what a resumed
+    run kept, write rows.csv and render; the run time goes into the method paragraph."""
+    from bucketserve.sim.evidence_report import write_rows
+    from bucketserve.sim.grid_report import read_grid
+
     a.out.mkdir(parents=True, exist_ok=True)
     final, partial = a.out / "rows.csv", a.out / "rows.partial.csv"
     t0 = time.perf_counter()
@@ -208,15 +210,34 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_grid(final if final.exists() else partial)
     else:
         kept = read_grid(partial) if a.resume and partial.exists() else []
-        done = {(r["system"], r["workload"], int(r["seed"]), r["tpot_s"]) for r in kept}
-        todo = [u for u in units(seeds=tuple(range(a.seeds)))
-                if (u[0].label, u[1], u[2], u[3][0]) not in done]  # fmt: skip
-        rows = kept + run_all(todo, a.workers, lambda r: append_rows(r, partial))
+        rows = kept + run(kept, partial)
         write_rows(rows, final)
         partial.unlink(missing_ok=True)
     render(rows, a.out, a.doc, None if a.render_only else time.perf_counter() - t0)
     print(f"wrote {a.out}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bucketserve.sim.evidence_report import append_rows
+    from bucketserve.sim.grid_report import render
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_args(p, "perf/results/sim/grid", seeds=1)
+    a = p.parse_args(argv)
+
+    def run(kept: list[dict], partial: Path) -> list[dict]:
+        done = {(r["system"], r["workload"], int(r["seed"]), r["tpot_s"]) for r in kept}
+        todo = [u for u in units(seeds=tuple(range(a.seeds)))
+                if (u[0].label, u[1], u[2], u[3][0]) not in done]  # fmt: skip
+        # Mixed whole, then the SLO-blind sweeps of Alpaca and phased, then their SLO-aware
+        # ones (an interrupted run renders what it finished)
+        todo.sort(key=lambda u: (u[1] != "mixed", len(u[3]) == 1, u[1] == "phased"))
+        return run_pool(_unit, todo, a.workers, lambda r: append_rows(r, partial),
+                        lambda r: f"{r['system']:26s} {r['workload']:7s} tpot {r['tpot_s']}: "
+                                  f"top {r['rate']}")  # fmt: skip
+
+    return run_resumable(a, run, render)
 
 
 if __name__ == "__main__":

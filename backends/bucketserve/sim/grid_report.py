@@ -7,6 +7,7 @@ import csv
 import math
 from pathlib import Path
 
+from bucketserve.sim.evidence_report import splice
 from bucketserve.sim.grid import DURATION, RATES, SYSTEMS, TPOTS, TTFT_SCALES, WORKLOADS, goodput
 from bucketserve.sim.stats import fmt_ci
 
@@ -152,14 +153,4 @@ def render(rows: list[dict], out: Path, doc: Path | None, wall_s: float | None) 
         detail += [f"#### {w.capitalize()}", ""] + full(g, w) + [""]
     (out / "tables.md").write_text("\n".join(detail))
     if doc is not None:
-        splice(doc, BEGIN, END, body)
-
-
-def splice(doc: Path, begin: str, end: str, body: str) -> None:
-    """Replace the text between the `begin` and `end` markers of `doc` with `body`."""
-    text = doc.read_text()
-    if begin not in text or end not in text:
-        raise ValueError(f"{doc} has no generated block ({begin!r} ... {end!r})")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    doc.write_text(f"{head}{begin}\n{body.rstrip()}\n{end}{tail}")
+        splice(doc, body, BEGIN, END)

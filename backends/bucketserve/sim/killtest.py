@@ -17,8 +17,6 @@ paired by seed (same requests), mean and 95 % CI over seeds.
 from __future__ import annotations
 
 import argparse
-import time
-from multiprocessing import get_context
 from pathlib import Path
 
 from bucketserve.sim.grid import (
@@ -31,8 +29,11 @@ from bucketserve.sim.grid import (
     TTFT_SCALES,
     WORKLOADS,
     GridSystem,
+    add_run_args,
     goodput,
     run_cells,
+    run_pool,
+    run_resumable,
 )
 
 STATIC = ("sarathi TP2 512", "distserve TP2 1P1D", "distserve 1P3D", "sarathi 256")
@@ -105,50 +106,23 @@ def goodputs(rows: list[dict]) -> dict[tuple[str, str, Cell], dict[int, float]]:
     return out
 
 
-def run_all(todo: list[tuple], workers: int, sink) -> list[dict]:
-    rows: list[dict] = []
-    t0 = time.perf_counter()
-    # the hybrid's per-cell units are the long ones: start them first
-    todo = sorted(todo, key=lambda u: (u[3] is None, u[1], u[2]))
-    with get_context("fork").Pool(workers) as pool:
-        for i, result in enumerate(pool.imap_unordered(unit, todo), 1):
-            rows += result
-            sink(result)
-            last = result[-1]
-            print(f"[{i}/{len(todo)} {time.perf_counter() - t0:6.0f} s] {last['system']:22s} "
-                  f"{last['workload']:7s} seed {last['seed']}: {len(result)} rows", flush=True)  # fmt: skip
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
-    from bucketserve.sim.evidence_report import append_rows, write_rows
-    from bucketserve.sim.grid_report import read_grid
+    from bucketserve.sim.evidence_report import append_rows
     from bucketserve.sim.killtest_report import render
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("perf/results/sim/killtest"))
-    p.add_argument("--doc", type=Path, default=None, help="splice the tables into this file")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--seeds", type=int, default=3)
+    add_run_args(p, "perf/results/sim/killtest", seeds=3)
     p.add_argument("--workloads", default=",".join(WORKLOADS))
-    p.add_argument("--render-only", action="store_true")
-    p.add_argument("--resume", action="store_true", help="keep the units in rows.partial.csv")
     a = p.parse_args(argv)
-    a.out.mkdir(parents=True, exist_ok=True)
-    final, partial = a.out / "rows.csv", a.out / "rows.partial.csv"
-    t0 = time.perf_counter()
-    if a.render_only:
-        rows = read_grid(final if final.exists() else partial)
-    else:
-        kept = read_grid(partial) if a.resume and partial.exists() else []
+
+    def run(kept: list[dict], partial: Path) -> list[dict]:
         done = {_key(r) for r in kept}
         todo = [u for u in units(range(a.seeds), a.workloads.split(",")) if u not in done]
-        rows = kept + run_all(todo, a.workers, lambda r: append_rows(r, partial))
-        write_rows(rows, final)
-        partial.unlink(missing_ok=True)
-    render(rows, a.out, a.doc, None if a.render_only else time.perf_counter() - t0)
-    print(f"wrote {a.out}")
-    return 0
+        todo.sort(key=lambda u: (u[3] is None, u[1], u[2]))  # the long per-cell units first
+        return run_pool(unit, todo, a.workers, lambda r: append_rows(r, partial),
+                        lambda r: f"{r['system']:22s} {r['workload']:7s} seed {r['seed']}")  # fmt: skip
+
+    return run_resumable(a, run, render)
 
 
 def _key(r: dict) -> tuple:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from bucketserve.sim.evidence_report import splice
 from bucketserve.sim.grid import RATES, TPOTS, TTFT_SCALES, WORKLOADS
-from bucketserve.sim.grid_report import splice
 from bucketserve.sim.killtest import DURATION, HYBRID, STATIC, goodputs
 from bucketserve.sim.stats import fmt_ci, mean_ci
 
@@ -100,4 +100,4 @@ def render(rows: list[dict], out: Path, doc: Path | None, wall_s: float | None) 
     body = document(rows, wall_s)
     (out / "report.md").write_text(body + "\n")
     if doc is not None:
-        splice(doc, BEGIN, END, body)
+        splice(doc, body, BEGIN, END)
