@@ -54,7 +54,13 @@ def start_server(tmp_path_factory, **overrides) -> LocalEdge:
         # float32: the server's text is compared with transformers' float32 generate (bf16
         # parity: tests/parity)
         **(
-            {"kv_cache_gb": 0.5, "max_model_len": 2048, "openai_port": 0, "dtype": "float32"}
+            {
+                "kv_cache_gb": 0.5,
+                "max_model_len": 2048,
+                "openai_port": 0,
+                "dtype": "float32",
+                "topology": "disaggregated",
+            }
             | overrides
         ),
     )
@@ -74,8 +80,9 @@ def start_server(tmp_path_factory, **overrides) -> LocalEdge:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """The default topology: one prefill and one decode instance on CPU, policy bucketserve,
-    with the OpenAI front on its own port too."""
+    """The disaggregated topology (the default is colocated: `auto`, tested by `colocated` and
+    test_topology_auto): one prefill and one decode instance on CPU, policy bucketserve, with
+    the OpenAI front on its own port too."""
     srv = start_server(tmp_path_factory, openai_port=free_port())
     yield srv
     srv.stop()
@@ -83,8 +90,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def colocated(tmp_path_factory):
-    """One colocated SmolLM2 instance, prompt chunks of 64 tokens, the OpenAI front on."""
-    srv = start_server(tmp_path_factory, topology="colocated", chunk_tokens=64,
-                       openai_port=free_port())  # fmt: skip
+    """The default topology (`auto`): two colocated SmolLM2 instances of one CPU thread each,
+    32-token iterations, the OpenAI front on."""
+    srv = start_server(tmp_path_factory, topology="auto", openai_port=free_port())
     yield srv
     srv.stop()

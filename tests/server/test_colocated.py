@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from .conftest import start_server
-from .helpers import generate, metric_value, stream_events, wait_all_blocks_free
+from .helpers import generate, kv_blocks, metric_value, stream_events, wait_all_blocks_free
 from .test_cancel import assert_blocks_return, check_stop_requests, start_streams
 from .test_placement import counts, payload
 
@@ -37,6 +37,12 @@ def test_colocated_answers_paris(colocated, model):
     assert "Paris" in r.json()["text_output"]
 
 
+def test_the_default_runs_two_colocated_instances_and_no_prefill_model(colocated):
+    blocks = kv_blocks(colocated)
+    assert set(blocks) == {"decode0", "decode1"}, blocks  # auto: one per CPU entry of both roles
+    assert colocated.cfg.topology == "colocated"
+
+
 def test_colocated_openai_chat(colocated):
     body = {"model": "smollm2", "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": "What is the capital of France?"}]}  # fmt: skip
@@ -57,31 +63,35 @@ def test_colocated_stream_equals_whole(colocated):
 
 
 def test_long_prompt_in_chunks_beside_a_decode_equals_disaggregated(colocated, server):
-    """A 1,500-token prompt prefilled in 64-token chunks while another request decodes (so
-    iterations are mixed) gives the same greedy tokens as the disaggregated server."""
+    """A 1,500-token prompt prefilled in 32-token chunks while other requests decode (one on
+    each instance, so wherever the prompt lands its iterations are mixed) gives the same greedy
+    tokens as the disaggregated server."""
     long_req = {"text_input": long_prompt(), "max_tokens": 16, "temperature": 0.0}
     side_req = {**CAPITAL, "max_tokens": 96, "min_tokens": 96}
     expected_long = generate(server, long_req).json()
     expected_side = generate(server, side_req).json()["text_output"]
     assert expected_long["num_input_tokens"] >= 1400
     mixed_before = metric_value(colocated, "bucketserve_mixed_iterations_total")
-    side: dict = {}
-    started = threading.Event()
+    sides = len(kv_blocks(colocated))
+    texts: list[str] = []
+    started = [threading.Event() for _ in range(sides)]
 
-    def run_side() -> None:
+    def run_side(i: int) -> None:
         events = []
         for event in iter_stream(colocated, side_req):
             events.append(event)
-            started.set()
-        side["text"] = "".join(e["text_output"] for e in events)
+            started[i].set()
+        texts.append("".join(e["text_output"] for e in events))
 
-    t = threading.Thread(target=run_side)
-    t.start()
-    assert started.wait(120)
+    threads = [threading.Thread(target=run_side, args=(i,)) for i in range(sides)]
+    for t, ev in zip(threads, started, strict=True):
+        t.start()
+        assert ev.wait(120)  # decoding before the next is sent: least loaded spreads them
     got = generate(colocated, long_req).json()
-    t.join(300)
+    for t in threads:
+        t.join(300)
     assert got["text_output"] == expected_long["text_output"]
-    assert side["text"] == expected_side
+    assert texts == [expected_side] * sides
     assert metric_value(colocated, "bucketserve_mixed_iterations_total") > mixed_before
     waited, blocks = wait_all_blocks_free(colocated, timeout_s=10)
     assert all(free == total for free, total in blocks.values()), blocks

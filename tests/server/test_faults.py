@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.server, pytest.mark.timeout(1200)]
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("faults") / "run"
-    with running(run_dir, "--kv-cache-gb", "0.5", "--max-model-len", "2048",
+    with running(run_dir, "--topology", "disaggregated", "--kv-cache-gb", "0.5", "--max-model-len", "2048",
                  "--max-queued-requests", str(QUEUE_LIMIT), "--drain-timeout-s", "5") as sp:  # fmt: skip
         yield sp
 

@@ -36,7 +36,9 @@ OPENAI_PORT = free_port()
 def svc(tmp_path_factory):
     sp = ServeProcess(tmp_path_factory.mktemp("security") / "run", "--kv-cache-gb", "0.5",
                       "--max-model-len", "2048", "--openai-port", str(OPENAI_PORT),
-                      # two decode instances: `decode_router` exists only with several
+                      # 1 prefill + 2 decode instances: `decode_router` exists only with
+                      # several, and the pool-mapping checks need a prefill instance
+                      "--topology", "disaggregated",
                       "--decode-devices", "cpu", "--decode-devices", "cpu",
                       "--api-key", API_KEY, "--admin-key", ADMIN_KEY,
                       # no canary: tests here compare prefill0's free blocks before and after

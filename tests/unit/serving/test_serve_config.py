@@ -70,3 +70,20 @@ def test_concurrency_cap_comes_from_the_command_line_and_is_checked():
     assert ServeConfig().max_concurrent_requests == 0  # no cap unless asked
     with pytest.raises(ValueError, match="max_concurrent_requests must be >= 0, got -1"):
         ServeConfig(max_concurrent_requests=-1)
+
+
+def test_auto_topology_runs_colocated_on_the_devices_of_both_roles():
+    cfg = ServeConfig()  # auto: the default
+    assert cfg.topology == "colocated" and cfg.decode_devices == ["cpu", "cpu"]
+    assert cfg.engine_prefill_devices == [] and cfg.iteration_tokens >= 32
+    gpu = ServeConfig(prefill_devices=["cuda:0"], decode_devices=["cuda:0", "cuda:1"])
+    assert gpu.decode_devices == ["cuda:0", "cuda:1"]  # one instance per GPU
+    split = ServeConfig(topology="disaggregated")
+    assert split.prefill_devices == ["cpu"] and split.decode_devices == ["cpu"]
+
+
+def test_a_resolved_config_reads_back_unchanged(tmp_path):
+    cfg = ServeConfig()
+    cfg.write(tmp_path / "run_config.json")
+    again = ServeConfig.read(tmp_path / "run_config.json")
+    assert (again.topology, again.decode_devices) == ("colocated", ["cpu", "cpu"])

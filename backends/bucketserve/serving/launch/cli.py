@@ -19,7 +19,9 @@ SERVE_OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--policy", dict(choices=KNOWN_POLICIES)),
     ("--topology", dict(
         choices=TOPOLOGIES,
-        help="disaggregated: prefill instances hand KV to decode instances; colocated: each "
+        help="auto (default): colocated over the --prefill-devices and --decode-devices (one "
+        "instance per CPU entry, one per GPU), which won every simulated SLO cell; "
+        "disaggregated: prefill instances hand KV to decode instances; colocated: each "
         "--decode-devices instance runs fused decode + prompt-chunk iterations (no hand-off)")),
     ("--chunk-tokens", dict(
         type=int,

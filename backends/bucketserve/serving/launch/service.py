@@ -51,13 +51,21 @@ def openai_settings(cfg: ServeConfig) -> Settings:
     return Settings(cfg.model, load_tokenizer=lambda: load_tokenizer(model_info(cfg)))
 
 
+def describe_topology(cfg: ServeConfig) -> str:
+    """e.g. 'topology=colocated on cpu, cpu' or 'topology=disaggregated prefill cpu, decode cpu'."""
+    if cfg.is_colocated:
+        return f"topology=colocated on {', '.join(cfg.decode_devices)}"
+    return (f"topology=disaggregated prefill {', '.join(cfg.prefill_devices)},"
+            f" decode {', '.join(cfg.decode_devices)}")  # fmt: skip
+
+
 def banner(cfg: ServeConfig, log_path) -> str:
     """What listens now, and nothing else (every port was bound or Triton would not be ready)."""
     base = f"http://{cfg.host}:{cfg.http_port}"
     openai = [f"{base}/v1"] + [f"http://{cfg.host}:{p.port}/v1" for p in public_ports(cfg)
                                if p.flag == "--openai-port"]  # fmt: skip
     return (
-        f"BucketServe ready: model={cfg.model} policy={cfg.policy}\n"
+        f"BucketServe ready: model={cfg.model} policy={cfg.policy} {describe_topology(cfg)}\n"
         f"  HTTP     {base}/v2/models/bucketserve/generate_stream"
         f"  (bodies up to {cfg.max_request_bytes} bytes)\n"
         f"  OpenAI   {', '.join(openai)}\n"
