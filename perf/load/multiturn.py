@@ -3,7 +3,7 @@ once, each of T turns sent one after another, every turn resending the whole his
 system prompt, then each earlier question and the server's own answer) plus a new question, as
 a chat client does. Streaming `generate_stream`; TTFT is the first event.
 
-Starts the default server (SmolLM2 on CPU, one prefill and one decode instance) with prefix
+Starts the default server (SmolLM2 on CPU, `--topology auto`: two colocated instances) with prefix
 caching on, then with it off, and runs every seed on each (each seed under its own
 `cache_salt`, so nothing is shared across seeds); --url runs one given server instead. Greedy,
 so both servers see the same histories. Prints one JSON line per turn and, per server and seed,
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default=None, help="HTTP host:port of a running server")
     p.add_argument("--model", default="bucketserve")
-    p.add_argument("--topology", default="disaggregated", help="without --url")
+    p.add_argument("--topology", default="auto", help="without --url")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--conversations", type=int, default=4, help="run at once")
     p.add_argument("--turns", type=int, default=6)

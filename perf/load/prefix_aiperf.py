@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-tokens", type=int, default=16)
     p.add_argument("--requests", type=int, default=24)
     p.add_argument("--concurrency", type=int, default=2)
-    p.add_argument("--topology", default="disaggregated")
+    p.add_argument("--topology", default="auto")
     args = p.parse_args(argv)
 
     def run(server, label):

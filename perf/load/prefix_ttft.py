@@ -1,13 +1,13 @@
 """Shared-system-prompt TTFT on a real server: N requests sharing a ~1,500-token system prompt,
 each with its own ~20-token question, sent one after another (streaming `generate_stream`; TTFT
-is the first event). Starts the default server (SmolLM2 on CPU, one prefill and one decode
-instance) with prefix caching on, then again with it off, unless --url is given (then only
+is the first event). Starts the default server (SmolLM2 on CPU, `--topology auto`: two colocated
+instances) with prefix caching on, then again with it off, unless --url is given (then only
 that server, as it is configured). Prints one JSON line per request and a summary per
 server: request 1's TTFT, the mean of requests 2..N, their ratio, and each reply's
 `num_cached_tokens`. Seeded; one untimed warm-up request per server.
 
     nice -n 10 .venv/bin/python perf/load/prefix_ttft.py
-    nice -n 10 .venv/bin/python perf/load/prefix_ttft.py --topology colocated --requests 16
+    nice -n 10 .venv/bin/python perf/load/prefix_ttft.py --topology disaggregated --requests 16
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default=None, help="HTTP host:port of a running server")
     p.add_argument("--model", default="bucketserve")
-    p.add_argument("--topology", default="disaggregated", help="without --url")
+    p.add_argument("--topology", default="auto", help="without --url")
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--system-chars", type=int, default=6000, help="~1,500 SmolLM2 tokens")
     p.add_argument("--question-words", type=int, default=12, help="~20 tokens")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -122,19 +123,37 @@ class BlsModel:
         return pb_utils.Tensor(t.name(), arr.reshape((1, *arr.shape)))
 
     def watch(self) -> None:
+        """Every WATCH_INTERVAL_S: stop the requests whose client cancelled. Nothing here may end
+        the thread (it is the only way a cancellation reaches decode): a sender whose query fails
+        is asked again next round, and a stop that fails is sent again."""
         while not self.closing.wait(WATCH_INTERVAL_S):
             with self.lock:
-                gone = [
-                    rid
-                    for rid, s in self.active.items()
-                    if rid not in self.stopped and s.is_cancelled()
-                ]
-                self.stopped.update(gone)
+                active = [(rid, s) for rid, s in self.active.items() if rid not in self.stopped]
+            gone = []
+            for rid, s in active:
+                try:
+                    if s.is_cancelled():
+                        gone.append(rid)
+                except Exception as e:
+                    pb_utils.Logger.log_warn(f"bucketserve_bls: is_cancelled({rid}) failed: {e}")
+            if not gone:
+                continue
+            started = time.monotonic()
+            failed = 0
             for rid in gone:
                 try:
                     stop_request(rid, self.num_decode)
                 except Exception as e:
+                    failed += 1
                     pb_utils.Logger.log_warn(f"bucketserve_bls: stopping {rid} failed: {e}")
+                    continue
+                with self.lock:
+                    if rid in self.active:  # still relaying: do not stop it twice
+                        self.stopped.add(rid)
+            pb_utils.Logger.log_info(
+                f"bucketserve_bls: {len(gone) - failed} cancelled requests stopped in "
+                f"{time.monotonic() - started:.2f} s ({failed} to retry)"
+            )
 
     def finalize(self) -> None:
         self.closing.set()
