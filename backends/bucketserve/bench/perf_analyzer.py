@@ -1,7 +1,8 @@
 """perf_analyzer recipe: streaming gRPC against the ensemble, concurrency mode, same prompts.
 
 perf_analyzer ships in tritonclient[all]; it needs Debian's libb64-0d and libcudart.so.12
-(pip nvidia-cuda-runtime-cu12) on the library path, which `pa_env()` adds. Its profile export
+(pip nvidia-cuda-runtime-cu12) on the library path, which `pa_env()` adds
+(docs/platform-notes.md#p6-perf-analyzer-libraries). Its profile export
 (one entry per request with every response's timestamp) is turned into RequestRecords, so our
 metrics code computes TTFT and throughput for both tools the same way.
 

@@ -90,12 +90,13 @@ def padded_rows(rows: int) -> int:
 
     torch's oneDNN linear keeps ~0.56 MB for every distinct input shape it has run (its
     primitive cache; measured per shape, the same for 4 and 4,096 rows) and never gives it
-    back. Prefill sees a new row count for nearly every batch (the sum of its prompt lengths),
-    so a serving process grew without bound (+720 MB in a 10-minute soak). Rounding, and
-    running larger inputs in CHUNK_ROWS-row chunks (`gemm_rows`), leave 93 shapes in all, each
-    padded by at most 1/16 (coarser steps cost: the GEMMs are compute-bound from ~16 rows, a
-    576 -> 3,072 linear takes 1.44 ms at 34 rows and 1.74 ms at 40), and `warm_onednn` runs
-    each of them once at start-up, so the memory is taken before serving."""
+    back (docs/platform-notes.md#p30-onednn-keeps-memory-per-gemm-shape). Prefill sees a new
+    row count for nearly every batch (the sum of its prompt lengths), so a serving process grew
+    without bound (+720 MB in a 10-minute soak). Rounding, and running larger inputs in
+    CHUNK_ROWS-row chunks (`gemm_rows`), leave 93 shapes in all, each padded by at most 1/16
+    (coarser steps cost: the GEMMs are compute-bound from ~16 rows, a 576 -> 3,072 linear takes
+    1.44 ms at 34 rows and 1.74 ms at 40), and `warm_onednn` runs each of them once at start-up,
+    so the memory is taken before serving."""
     if rows < MIN_ROWS:
         return MIN_ROWS
     shift = rows.bit_length() - 1 - OCTAVE_BITS  # rows in [2^k, 2^(k+1)): steps of 2^(k-4)

@@ -124,7 +124,11 @@ def _replace_dir(new: str, target: str, stamp: dict) -> None:
 
 
 def convert_gguf(gguf_path: str, out_dir: str) -> None:
-    """De-quantise a GGUF file through transformers into a HF directory at `out_dir`."""
+    """De-quantise a GGUF file through transformers into a HF directory at `out_dir`.
+
+    `save_pretrained` refuses a GGUF-loaded model: the config (less its quantization entry) and
+    the state dict are saved apart (docs/platform-notes.md#p9-embedded-smollm2-gguf).
+    """
     from safetensors.torch import save_file
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -89,6 +89,7 @@ def _max_model_len(hf: dict) -> int:
 def _rope_theta(hf: dict) -> float:
     # transformers 5 writes only `rope_parameters` (theta and scaling in one dict); 4.x writes
     # top-level rope_theta / rope_scaling. Reading only the 4.x keys silently gives theta=10000.
+    # docs/platform-notes.md#p13-transformers-5-config-and-chat-template
     params = hf.get("rope_parameters") or {}
     return float(hf.get("rope_theta") or params.get("rope_theta") or 10000.0)
 

@@ -22,7 +22,11 @@ def shm_free_bytes() -> int:
 
 
 def check_shm_space(nbytes: int, what: str) -> None:
-    """Raise ShmSpaceError naming requested bytes, free bytes and the fix if nbytes do not fit."""
+    """Raise ShmSpaceError naming requested bytes, free bytes and the fix if nbytes do not fit.
+
+    Docker's /dev/shm is 64 MiB by default:
+    docs/platform-notes.md#p33-dockers-small-shared-memory
+    """
     free = shm_free_bytes()
     if nbytes > free:
         raise ShmSpaceError(
@@ -91,7 +95,8 @@ def populate(mapping: mmap.mmap) -> None:
     tables one fault at a time, the first time a request uses each block: RSS then climbs for
     minutes of serving (prefill 94 -> 512 MB, decode 184 -> 1,024 MB in a soak) though nothing
     was allocated, and the faults land on serving steps. Mapping it all at start makes RSS
-    say what the pool costs from the first request on."""
+    say what the pool costs from the first request on
+    (docs/platform-notes.md#p31-shared-memory-pages-fault-in-lazily)."""
     try:
         mapping.madvise(MADV_POPULATE_WRITE)
     except OSError:  # an older kernel: read one byte per page instead

@@ -53,7 +53,8 @@ def max_prompt_bytes(max_token_bytes: int, max_model_len: int) -> int:
 
     A token covers at most `max_token_bytes` bytes, so a longer prompt has more than
     `max_model_len` tokens for sure: refuse it before tokenizing (5 MB took 10-30 s of a
-    preprocessing instance's CPU, and 50 MB got it OOM-killed at 11 GB).
+    preprocessing instance's CPU, and 50 MB got it OOM-killed at 11 GB). Triton caps no gRPC
+    message size: docs/platform-notes.md#p28-no-grpc-message-size-cap
     """
     return max_token_bytes * max_model_len
 

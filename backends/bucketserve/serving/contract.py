@@ -84,12 +84,13 @@ OUTPUTS = (
 OUTPUT_NAMES = tuple(name for name, _ in OUTPUTS)
 
 # The decode -> relay hop (`bucketserve_bls`, `decode_router`) carries one JSON tensor per
-# response instead of the seven outputs above: Triton 2.51's stub keeps every response of a
-# decoupled BLS stream until the stream ends (`ResponseIterator::responses_`, python_backend
-# src/pb_response_iterator.cc), so a relay held seven tensors per streamed token of every
-# request in flight (`perf/reliability/stream_memory.py`, 32 streams of 128 tokens: `bucketserve_bls` +42
-# MB, +7.5 MB packed). A relay asks decode for this output only (serving/core/messages.py:
-# PackedDelta) and sends the user outputs.
+# response instead of the seven outputs above
+# (docs/platform-notes.md#p26-bls-responses-kept-until-the-stream-ends): Triton 2.51's stub keeps
+# every response of a decoupled BLS stream until the stream ends (`ResponseIterator::responses_`,
+# python_backend src/pb_response_iterator.cc), so a relay held seven tensors per streamed token of
+# every request in flight (`perf/reliability/stream_memory.py`, 32 streams of 128 tokens:
+# `bucketserve_bls` +42 MB, +7.5 MB packed). A relay asks decode for this output only
+# (serving/core/messages.py: PackedDelta) and sends the user outputs.
 PACKED_OUTPUT = "_delta"
 
 

@@ -46,7 +46,11 @@ def is_flash_attn_available() -> bool:
 def resolve_backend_name(
     requested: str, device: torch.device, dtype: torch.dtype = torch.bfloat16
 ) -> str:
-    """The backend `requested` ("auto" or a name) resolves to on `device` for `dtype`."""
+    """The backend `requested` ("auto" or a name) resolves to on `device` for `dtype`.
+
+    flash-attn only where it is already importable: it cannot be installed everywhere
+    (docs/platform-notes.md#p15-flash-attn-not-installable).
+    """
     if requested not in ATTENTION_BACKENDS:
         raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {requested!r}")
     can_flash = device.type == "cuda" and dtype in FLASH_DTYPES and is_flash_attn_available()

@@ -3,8 +3,9 @@ right-padded into one [b, H, S, D] batch per group (no Python loop over sequence
 
 Why 4-D: SDPA's fused kernels (flash, mem-efficient, cuDNN) refuse 3-D input and fall back to
 the math kernel, which materialises the [H, n, n] scores (8.6 GB per layer for an 8k prompt on
-Llama-3-8B). Why right padding is exact: with is_causal=True query i sees keys 0..i, which are
-all real tokens for every real query row; the padded rows compute garbage that is dropped.
+Llama-3-8B; docs/platform-notes.md#p14-sdpa-fused-kernels-need-4-d-input). Why right padding is
+exact: with is_causal=True query i sees keys 0..i, which are all real tokens for every real
+query row; the padded rows compute garbage that is dropped.
 """
 
 from __future__ import annotations

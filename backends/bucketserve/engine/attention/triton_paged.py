@@ -2,7 +2,8 @@
 through the block tables with an online softmax. Split-K: each (sequence, KV head) walks its
 context in NUM_SPLITS slices in parallel (8 KV heads at batch 1 would fill 8 of 132 SMs), and a
 second kernel merges the slices. Graph-safe: no host sync, shapes fixed by the block-table width.
-Prefill stays on SDPA. Runs on CPU under TRITON_INTERPRET=1 (how the tests check it)."""
+Prefill stays on SDPA. Runs on CPU under TRITON_INTERPRET=1 (how the tests check it).
+flash-attn cannot be installed here: docs/platform-notes.md#p15-flash-attn-not-installable"""
 
 from __future__ import annotations
 

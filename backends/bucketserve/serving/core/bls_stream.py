@@ -9,6 +9,7 @@ stub that runs other threads: `bucketserve_bls` died with SIGSEGV in `pymalloc_a
 from a soak), numpy reported "Reference count error detected: an attempt was made to deallocate
 the dtype 17 (O)", and corrupted shared memory then killed tritonserver itself (SIGSEGV and
 std::bad_alloc in libtriton_python.so, on a loaded 2-prefill/2-decode test server).
+docs/platform-notes.md#p23-bls-iterator-freed-without-the-gil
 
 The cleanup message is queued when the iterator reads its last response, on the same FIFO queue
 and the same thread that answer `is_cancelled()`. So once a stream is read to its end, one

@@ -166,7 +166,10 @@ class ResponseRelay:
 
 
 def merge(items: list[Delta]) -> list[Delta]:
-    """One delta per request: texts concatenated, the latest counts and finish reason kept."""
+    """One delta per request: texts concatenated, the latest counts and finish reason kept.
+
+    docs/platform-notes.md#p10-one-sending-stub-caps-tokens-per-second
+    """
     merged: dict[int, Delta] = {}
     for d in items:
         prev = merged.get(d.key)

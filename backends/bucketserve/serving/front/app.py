@@ -1,14 +1,15 @@
 """The public HTTP edge: Triton's v2 API (guarded, generate over gRPC) and the OpenAI routes.
 
 One app in one process (a thread of the launcher) is the only public HTTP surface. Triton 2.51's
-HTTP front end crashes on some bodies and cuts some generate_stream streams under load
-(docs/platform-notes.md): every body is read here first, bounded by `max_request_bytes`, and
-checked (front/guard.py) before one byte reaches Triton; `generate` and `generate_stream` go to
-Triton's gRPC streaming API (front/generate.py), the OpenAI routes (serving/openai) to the same
-gRPC streams, everything else to Triton's internal loopback HTTP endpoint. One admission point
-(front/admission.py) answers readiness from the supervisor and caps requests in flight for every
-route; one error mapping (front/errors.py); in-flight requests end with an error that names why
-the server went away.
+HTTP front end crashes on some bodies (docs/platform-notes.md#p11-large-form-body-crash,
+#p20-deeply-nested-json-crash) and cuts some generate_stream streams under load
+(#p21-http-generate-stream-cut-under-load): every body is read here first, bounded by
+`max_request_bytes`, and checked (front/guard.py) before one byte reaches Triton; `generate` and
+`generate_stream` go to Triton's gRPC streaming API (front/generate.py), the OpenAI routes
+(serving/openai) to the same gRPC streams, everything else to Triton's internal loopback HTTP
+endpoint. One admission point (front/admission.py) answers readiness from the supervisor and caps
+requests in flight for every route; one error mapping (front/errors.py); in-flight requests end
+with an error that names why the server went away.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Why not Triton's own HTTP generate_stream: under load, Triton 2.51 closes some of its SSE
 streams cleanly before their last event (9 in 300 s, 38 cut and 10 hung in 600 s of soak),
 while the same load over gRPC streaming to the same models cuts none (issue 13,
-docs/architecture.md). So the front speaks Triton's generate JSON itself (front/generate_json.py
-maps it exactly as Triton does) and asks Triton over gRPC. A client that goes away stops its
+docs/architecture.md, docs/platform-notes.md#p21-http-generate-stream-cut-under-load). So the
+front speaks Triton's generate JSON itself (front/generate_json.py maps it exactly as Triton
+does) and asks Triton over gRPC. A client that goes away stops its
 request (grpc_mux.py: a `stop` request with its id, which reaches a running decode step on
 the ensemble and on `bucketserve_bls` alike).
 """

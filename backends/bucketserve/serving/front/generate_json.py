@@ -7,6 +7,9 @@ their size, the innermost variable one takes the rest); any other key becomes a 
 parameter (string, number or bool). A response becomes `model_name`, `model_version`, its
 parameters, and one key per output tensor: the single value when it holds one element, else
 the flat list. Errors name the field and what it must be (Triton's own say less).
+
+The front maps it itself, since Triton's HTTP generate_stream cuts streams under load
+(docs/platform-notes.md#p21-http-generate-stream-cut-under-load).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Many generations over a few long-lived gRPC streams to Triton, matched by request id.
 
 Why not one gRPC stream per request: Triton 2.51 keeps about 6.5 KB for every ModelStreamInfer
-call it has served. Measured on the default server, 2,000 short requests with one stream each
-grew tritonserver's RSS from 46.8 to 59.2 MB, linearly (a 10-minute soak: +50 %); the same
-requests over one stream, or over Triton's HTTP generate, left it flat (60.9 -> 60.9 MB).
+call it has served (docs/platform-notes.md#p22-memory-per-grpc-stream). Measured on the
+default server, 2,000 short requests with one stream each grew tritonserver's RSS from 46.8 to
+59.2 MB, linearly (a 10-minute soak: +50 %); the same requests over one stream, or over
+Triton's HTTP generate, left it flat (60.9 -> 60.9 MB).
 
 A request ends with its FINAL flag or an error response (both carry its id). One request cannot
 be cancelled by cancelling its stream, so a client that leaves is stopped the TensorRT-LLM way:
@@ -106,7 +107,11 @@ class StreamPool:
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
 
     async def close_streams(self) -> None:
-        """Close every stream (requests still on them end as Broken); new ones open on demand."""
+        """Close every stream (requests still on them end as Broken); new ones open on demand.
+
+        Triton waits for open gRPC streams on SIGTERM: the front closes them on shutdown
+        (docs/platform-notes.md#p34-shutdown-waits-for-open-grpc-streams).
+        """
         for s in [*self.streams, self.stops]:
             if s is not None:
                 s.close()

@@ -1,4 +1,8 @@
-"""What the supervisor tells the front: can the server take requests now, and if not, why."""
+"""What the supervisor tells the front: can the server take requests now, and if not, why.
+
+Triton's own readiness stays 200 after a stub died
+(docs/platform-notes.md#p12-dead-stub-stays-dead): the front's /v2/health/ready checks this first.
+"""
 
 from __future__ import annotations
 

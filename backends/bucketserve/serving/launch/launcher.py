@@ -103,6 +103,7 @@ class TritonServer:
             "--exit-timeout-secs=10",
             "--metrics-config=summary_latencies=true",
             # the backend's own regions carry our run id, so clean_shm finds them after a crash
+            # (docs/platform-notes.md#p17-shared-memory-left-after-a-stub-died)
             f"--backend-config=python,shm-region-prefix-name={triton_shm_prefix(c.run_id)}",
             *restricted_apis(c, self.admin_key),
         ]

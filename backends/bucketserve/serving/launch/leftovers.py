@@ -1,4 +1,8 @@
-"""Clean up what a launcher killed with -9 left behind: its processes and its /dev/shm segments."""
+"""Clean up what a launcher killed with -9 left behind: its processes and its /dev/shm segments.
+
+Triton's own regions stay behind after a stub died too
+(docs/platform-notes.md#p17-shared-memory-left-after-a-stub-died).
+"""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+# Triton 2.51.0 comes from pip, no container needed (docs/platform-notes.md#p1-triton-from-pip)
 PYTRITON_HINT = "pip install nvidia-pytriton==0.7.0 (ships Triton 2.51.0), or run inside the NGC tritonserver image"
 
 
@@ -71,11 +72,12 @@ def assemble_backends(install: TritonInstall, run_dir: Path) -> Path:
     return dst.parent
 
 
-# glibc malloc for tritonserver and every stub (docs/architecture.md): by default each thread
-# may get its own arena (up to 8 per core), each keeping what its burst took; two arenas bound
-# the heaps that bursts of request threads spread over. The mmap threshold stays adaptive:
-# fixing it (4 MiB or 256 KiB) kept the engines' heaps flat but made each decode step ~21 %
-# slower (its per-step logits then come from fresh, page-faulted mappings).
+# glibc malloc for tritonserver and every stub (docs/architecture.md,
+# docs/platform-notes.md#p29-glibc-arenas): by default each thread may get its own arena (up to
+# 8 per core), each keeping what its burst took; two arenas bound the heaps that bursts of
+# request threads spread over. The mmap threshold stays adaptive: fixing it (4 MiB or 256 KiB)
+# kept the engines' heaps flat but made each decode step ~21 % slower (its per-step logits then
+# come from fresh, page-faulted mappings).
 GLIBC_MALLOC = {"MALLOC_ARENA_MAX": "2"}
 
 
@@ -88,6 +90,7 @@ def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> d
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
     lib_dirs = [str(p) for p in install.lib_dirs]
+    # the stub links libpython3.X.so.1.0 (docs/platform-notes.md#p5-stub-links-libpython)
     libpython = sysconfig.get_config_var("LIBDIR")
     if libpython:
         lib_dirs.append(libpython)

@@ -1,7 +1,8 @@
 """`bucketserve_bls`: drives preprocessing -> scheduler -> decode through BLS and relays the stream.
 
 It exists because a Triton 2.51 ensemble cannot pass a client's cancellation into a step that is
-already running; a top-level decoupled model sees it, and forwards it as a stop request.
+already running (docs/platform-notes.md#p19-ensemble-cancellation-stops-between-steps); a
+top-level decoupled model sees it, and forwards it as a stop request.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class BlsModel:
         handoff = open_message(Handoff, raw.reshape(-1)[0])
         # the decode instance the scheduler placed it on (a cancelled hand-off: any answers)
         index = handoff.decode_index if handoff.kind == KIND_GENERATE else 0
+        # decode answers packed: docs/platform-notes.md#p26-bls-responses-kept-until-the-stream-ends
         relay(index, raw, sender, self.batch if self.batched else None, label=rid)
 
     def unbatch(self, name: str, arr: np.ndarray) -> np.ndarray:

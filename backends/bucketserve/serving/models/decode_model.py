@@ -127,7 +127,11 @@ class DecodeModel:
         return None
 
     def send_loop(self) -> None:
-        """Coalesce: everything queued since the last send goes out as one response per request."""
+        """Coalesce: everything queued since the last send goes out as one response per request.
+
+        One sending stub caps responses per second:
+        docs/platform-notes.md#p10-one-sending-stub-caps-tokens-per-second
+        """
         next_gauge = 0.0
         while True:
             try:

@@ -5,6 +5,7 @@ freed response factory: under soak load (10 % client cancellations) `tritonserve
 SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled, and a decode stub with SIGSEGV. Watcher
 threads (bucketserve_bls' cancel watcher, decode's cancel_gone) race the FINAL send; this
 wrapper orders them: after FINAL, is_cancelled() answers False without asking Triton.
+docs/platform-notes.md#p24-cancellation-poll-after-final
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ _FAMILIES: dict[str, object] = {}  # a MetricFamily must outlive its Metrics: ke
 # tritonserver died with SIGSEGV in PbString::LoadFromSharedMemory under
 # Metric::LoadFromSharedMemory / ProcessMetricRequest, and with std::bad_alloc on the same path
 # (core dump of a 2-prefill/2-decode test server).
+# docs/platform-notes.md#p25-concurrent-metric-updates
 _LOCK = threading.Lock()
 
 

@@ -35,7 +35,8 @@ class Preprocessor:
     def encode(self, text: str, chat: bool) -> list[int]:
         if chat and getattr(self.tokenizer, "chat_template", None):
             messages = [{"role": "user", "content": text}]
-            # return_dict=False: transformers 5 returns a BatchEncoding (keys) by default.
+            # return_dict=False: transformers 5 returns a BatchEncoding (keys) by default
+            # (docs/platform-notes.md#p13-transformers-5-config-and-chat-template).
             return list(self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True, return_dict=False))  # fmt: skip
         return self.tokenizer.encode(text)
@@ -49,7 +50,8 @@ class Preprocessor:
             return [], params
         check_guide(params.sampling)  # a schema that does not compile: 400 before generation
         text = text_input(inputs.get("text_input"))
-        check_prompt_bytes(text, self.max_prompt_bytes)  # before tokenizing megabytes
+        # before tokenizing megabytes: docs/platform-notes.md#p28-no-grpc-message-size-cap
+        check_prompt_bytes(text, self.max_prompt_bytes)
         ids = self.encode(text, params.apply_chat_template)
         check_context(params, len(ids), self.info.max_model_len)
         if params.bad_words:  # token sequences the sampler must not complete

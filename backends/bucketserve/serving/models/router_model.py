@@ -59,7 +59,8 @@ def call(model: str, inputs: list, outputs: list[str], barrier=None):
 
 def decode_stream(index: int, handoff_bytes: np.ndarray, barrier=None):
     """The non-empty responses of `decode_<index>` for one hand-off, packed (contract.py:
-    PACKED_OUTPUT); StepError on an error."""
+    PACKED_OUTPUT, docs/platform-notes.md#p26-bls-responses-kept-until-the-stream-ends); StepError
+    on an error."""
     inputs = [pb_utils.Tensor("_handoff", handoff_bytes)]
     return call(f"decode_{index}", inputs, [PACKED_OUTPUT], barrier)
 

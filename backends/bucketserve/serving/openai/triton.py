@@ -1,6 +1,7 @@
 """One generation through Triton's gRPC streaming to `bucketserve_bls`, over the few long-lived
-streams of a StreamPool (front/grpc_mux.py: one stream per request leaks in Triton 2.51). A
-generation left early is stopped with a `stop` request carrying its id (frees its KV blocks)."""
+streams of a StreamPool (front/grpc_mux.py: one stream per request leaks in Triton 2.51,
+docs/platform-notes.md#p22-memory-per-grpc-stream). A generation left early is stopped with a
+`stop` request carrying its id (frees its KV blocks)."""
 
 from __future__ import annotations
 
