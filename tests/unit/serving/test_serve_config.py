@@ -87,3 +87,19 @@ def test_a_resolved_config_reads_back_unchanged(tmp_path):
     cfg.write(tmp_path / "run_config.json")
     again = ServeConfig.read(tmp_path / "run_config.json")
     assert (again.topology, again.decode_devices) == ("colocated", ["cpu", "cpu"])
+
+
+def test_bucketserve_serve_without_flags_runs_the_auto_topology():
+    """The command line's defaults are the declared ones: `bucketserve serve` resolves auto
+    itself (defaults read from a resolved ServeConfig passed "colocated" back with one device)."""
+    import argparse
+
+    from bucketserve.serving.launch.cli import add_serve_args
+
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    cfg = serve_config(parser.parse_args([]))
+    assert (cfg.topology, cfg.decode_devices) == ("colocated", ["cpu", "cpu"])
+    assert cfg == ServeConfig()  # every other field as the dataclass declares it
+    split = serve_config(parser.parse_args(["--topology", "disaggregated"]))
+    assert (split.prefill_devices, split.decode_devices) == (["cpu"], ["cpu"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -91,19 +92,29 @@ def dest(flag: str, kw: dict) -> str:
     return kw.get("dest", flag.removeprefix("--").replace("-", "_"))
 
 
-def add_options(p: argparse.ArgumentParser, options, d: ServeConfig) -> None:
+def add_options(p: argparse.ArgumentParser, options, d: argparse.Namespace) -> None:
     """Declare `options`, each defaulting to its ServeConfig field unless it names a default."""
     for flag, kw in options:
         p.add_argument(flag, **{"default": getattr(d, dest(flag, kw)), **kw})
 
 
+def declared_defaults() -> argparse.Namespace:
+    """ServeConfig's field defaults as declared, before __post_init__ resolves any (an
+    instance's `topology` is already resolved from "auto", with its devices: defaults taken
+    from one would make every `bucketserve serve` pass the resolved pair back, minus devices)."""
+    return argparse.Namespace(**{
+        f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+        for f in dataclasses.fields(ServeConfig)
+    })  # fmt: skip
+
+
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    d = ServeConfig()
+    d = declared_defaults()
     add_options(p, SERVE_OPTIONS, d)
     add_fault_args(p, d)
 
 
-def add_fault_args(p: argparse.ArgumentParser, d: ServeConfig) -> None:
+def add_fault_args(p: argparse.ArgumentParser, d: argparse.Namespace) -> None:
     """Limits of the public endpoints, overload and shutdown (see README: Fault tolerance)."""
     add_options(p, FAULT_OPTIONS, d)
 
@@ -129,12 +140,12 @@ def add_security_args(p: argparse.ArgumentParser) -> None:
             help="open Triton's shared-memory, repository, trace and logging APIs to requests with"
             " the header 'admin-key: KEY' (gRPC: 'triton-grpc-protocol-admin-key'); default"
             " $BUCKETSERVE_ADMIN_KEY, unset: closed (403)")),
-    ), ServeConfig())  # fmt: skip
+    ), declared_defaults())  # fmt: skip
 
 
 def add_openai_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--openai-port", type=int, default=ServeConfig().openai_port,
+        "--openai-port", type=int, default=declared_defaults().openai_port,
         help="a second port of the HTTP edge for the OpenAI-compatible API (/v1/chat/completions"
         " ...; also served on --http-port); 0: the HTTP port only",
     )  # fmt: skip
@@ -145,7 +156,7 @@ OPTIONAL_FIELDS = ("openai_port", "admin_key", "api_key", "metrics_need_api_key"
 
 
 def serve_config(a: argparse.Namespace) -> ServeConfig:
-    d = ServeConfig()
+    d = declared_defaults()
     fields = {dest(flag, kw): getattr(a, dest(flag, kw)) for flag, kw in SERVE_OPTIONS}
     fields.update(fault_fields(a), prefill_devices=a.prefill_devices or ["cpu"],
                   decode_devices=a.decode_devices or ["cpu"])  # fmt: skip
