@@ -1,8 +1,8 @@
 """Burst check: N concurrent long `generate` requests against the default server.
 
-Starts the default server (SmolLM2 on CPU, one prefill and one decode instance, policy
-bucketserve; --prefill / --decode change the instance counts) on free ports unless --url is
-given, fires every burst at once, and prints per
+Starts the default server (SmolLM2 on CPU, policy bucketserve, `--topology auto`: one colocated
+instance per --prefill / --decode CPU entry, two by default; `--topology disaggregated` makes
+them prefill and decode instances) on free ports unless --url is given, fires every burst at once, and prints per
 burst: served / failed (with HTTP status and message), wall time, output tokens, preemptions
 and recomputed tokens (from /metrics, the difference over the burst), and whether every KV
 block came back afterwards. Seeded (each request's `seed` is base seed + index).
@@ -123,9 +123,9 @@ def burst(url: str, metrics_url: str, n: int, args) -> dict:
 
 
 def start_server(args):
-    """The default server, or with --serve-model / --prefill / --decode changed."""
+    """The default server, or with --serve-model / --topology / --prefill / --decode changed."""
     return local_server(
-        "burst-", model=args.serve_model, openai_port=free_port(),
+        "burst-", model=args.serve_model, openai_port=free_port(), topology=args.topology,
         prefill_devices=["cpu"] * args.prefill, decode_devices=["cpu"] * args.decode,
         enable_prefix_caching=not args.no_prefix_caching,
         **({"kv_cache_gb": args.kv_cache_gb} if args.kv_cache_gb else {}),
@@ -142,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--serve-model", default="smollm2", help="without --url: the model to serve")
-    p.add_argument("--prefill", type=int, default=1, help="without --url: CPU prefill instances")
-    p.add_argument("--decode", type=int, default=1, help="without --url: CPU decode instances")
+    p.add_argument("--topology", default="auto", help="without --url: the server's --topology")
+    p.add_argument("--prefill", type=int, default=1, help="without --url: CPU prefill entries")
+    p.add_argument("--decode", type=int, default=1, help="without --url: CPU decode entries")
     p.add_argument("--shared-prefix-chars", type=int, default=0, help="a shared system prompt")
     p.add_argument("--cancel-every", type=int, default=0, help="every K-th request dropped")
     p.add_argument("--no-prefix-caching", action="store_true", help="without --url")
