@@ -1,5 +1,6 @@
 """Step 7 (when tritonserver is installed): start the server with prefill and decode on the
-same device and stream one request through HTTP generate_stream."""
+same device (`--topology disaggregated`, so the KV hand-off runs: CUDA IPC on a GPU) and
+stream one request through HTTP generate_stream."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def main() -> None:
 
     dev = device()
     cfg = ServeConfig(
-        model="dummy:llama-3-8b" if on_gpu() else "smollm2", prefill_devices=[dev],
+        model="dummy:llama-3-8b" if on_gpu() else "smollm2", topology="disaggregated",
+        prefill_devices=[dev],
         decode_devices=[dev], http_port=free_port(), grpc_port=free_port(),
         metrics_port=free_port(), run_dir=tempfile.mkdtemp(prefix="devchk"),
         max_model_len=2048, kv_cache_gb=None if on_gpu() else 0.5,

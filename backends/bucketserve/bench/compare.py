@@ -33,6 +33,8 @@ from bucketserve.bench.workloads import build_requests, requests_from_lengths, s
 POLICIES = ("static", "fcfs", "distserve", "bucketserve", "bucketserve+")
 FIXED_LOAD_POLICY = "bucketserve"  # its server also hosts the loadgen vs perf_analyzer check
 PROBE_POLICY = "fcfs"  # with auto rates: the capacity is probed on this policy's server
+# the policies compare prefill batching: named, since the server's default is auto (colocated)
+DISAGGREGATED = {"topology": "disaggregated"}
 
 
 @dataclass(slots=True)
@@ -194,12 +196,12 @@ def select_targets(a: argparse.Namespace, pre: Preset) -> tuple[list[Target], li
         for p in a.policies.split(",") if p for t in topologies
     ]  # fmt: skip
     abl_targets, abl_notes = ablation_targets()
-    if a.ablations:
-        targets += abl_targets
+    if a.ablations:  # the components they switch off work on prefill batches: P/D
+        targets += [Target(t.label, t.policy, DISAGGREGATED | t.overrides) for t in abl_targets]
     else:
         abl_notes = ["Not requested (run with --ablations).", "", *abl_notes]
     if not a.skip_fixed_load and FIXED_LOAD_POLICY not in [t.label for t in targets]:
-        targets.append(Target(FIXED_LOAD_POLICY, FIXED_LOAD_POLICY))  # host for the fixed load
+        targets.append(Target(FIXED_LOAD_POLICY, FIXED_LOAD_POLICY, DISAGGREGATED))  # fixed load
     if not pre.rates:  # the capacity probe runs on the first server: the vLLM-like baseline
         targets.sort(key=lambda t: t.label != PROBE_POLICY)
     return targets, abl_notes
@@ -209,8 +211,8 @@ def topology_overrides(topology: str, a: argparse.Namespace) -> dict:
     """ServeConfig overrides of one --topologies entry: "disaggregated", "colocated", or
     "colocatedxN" (N colocated CPU instances, the cores split among them)."""
     name, _, count = topology.partition("x")
-    if name == "disaggregated":
-        return {}
+    if name == "disaggregated":  # named: the server's default is auto (colocated)
+        return dict(DISAGGREGATED)
     over = {"topology": name, "chunk_tokens": a.chunk_tokens}
     if count:
         over["decode_devices"] = ["cpu"] * int(count)

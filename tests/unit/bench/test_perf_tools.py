@@ -105,3 +105,24 @@ def test_fixed_load_section_survives_missing_tools():
     fx = FixedLoadResult(2, 1, summarize("loadgen", 0.0, [r]), pa_error="boom")
     text = "\n".join(fixed_load_section(fx, 0.1))
     assert "perf_analyzer did not complete: `boom`" in text and "| throughput" in text
+
+
+def test_policy_comparison_targets_name_their_topology():
+    """bench-smoke compares prefill batching: every server it starts says which topology it
+    runs (left out, the server's default, auto, would make them all colocated)."""
+    from bucketserve.bench.compare import SMOKE, parse_args, select_targets
+    from bucketserve.serving.config import ServeConfig
+
+    targets, _ = select_targets(parse_args(["--smoke", "--ablations"]), SMOKE)
+    assert len(targets) >= 8  # five policies and three ablations
+    for t in targets:
+        cfg = ServeConfig(policy=t.policy, **t.overrides)
+        assert cfg.topology == "disaggregated", t
+    both, _ = select_targets(parse_args(["--smoke", "--topologies", "colocatedx2"]), SMOKE)
+    for t in both:  # the policies on two colocated instances; the fixed-load host as before
+        cfg = ServeConfig(**t.overrides)
+        if t.label.endswith("@colocatedx2"):
+            assert (cfg.topology, cfg.decode_devices) == ("colocated", ["cpu", "cpu"]), t
+        else:
+            assert cfg.topology == "disaggregated", t
+    assert sum(t.label.endswith("@colocatedx2") for t in both) == 5
