@@ -194,7 +194,7 @@ def make_target(sp: ServeProcess, api: str, openai_port: int) -> Target:
 def soak(a) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="soak-")) / "run"
     openai_port = free_port() if a.api == "openai" else 0
-    sp = ServeProcess(run_dir, "--kv-cache-gb", str(a.kv_cache_gb),
+    sp = ServeProcess(run_dir, "--kv-cache-gb", str(a.kv_cache_gb), "--topology", a.topology,
                       "--max-queued-requests", str(a.max_queued), "--drain-timeout-s", "10",
                       "--max-concurrent-requests", str(a.max_concurrent),
                       "--openai-port", str(openai_port))  # fmt: skip
@@ -271,11 +271,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-concurrent", type=int, default=32,
                    help="--max-concurrent-requests of the server (0: no cap)")  # fmt: skip
     p.add_argument("--kv-cache-gb", type=float, default=0.5)
+    p.add_argument("--topology", default="disaggregated",
+                   help="the server's --topology (the stored soak reports ran disaggregated; "
+                   "--faults kills a prefill stub, which only disaggregated has)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api", choices=("v2", "openai"), default="v2",
                    help="v2: generate_stream via the HTTP front; openai: /v1/completions (gRPC)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.faults and a.topology != "disaggregated":
+        p.error(f"--faults kills {', '.join(FAULTS)}: it needs --topology disaggregated")
+    return a
 
 
 def run(argv: list[str] | None = None) -> dict:

@@ -49,3 +49,13 @@ def test_per_request_rows_go_to_requests_jsonl_and_the_summaries_keep_the_rest(t
     assert [json.loads(line) for line in lines] == rows
     assert json.loads((tmp_path / "report.json").read_text()) == {"sent": 2, "args": {"seed": 0}}
     assert '"sent": 2' in (tmp_path / "report.md").read_text()
+
+
+def test_soak_runs_disaggregated_and_faults_refuse_a_topology_without_prefill():
+    import pytest
+    from bucketserve.bench.soak import parse
+
+    assert parse([]).topology == "disaggregated"  # as the stored reports ran
+    assert parse(["--topology", "auto"]).topology == "auto"
+    with pytest.raises(SystemExit):
+        parse(["--faults", "--topology", "auto"])  # no prefill stub to kill
