@@ -152,6 +152,16 @@ class Scheduler:
         self._arrival.pop(id(seq), None)
         finish(seq, reason)
 
+    def detach(self, seq: Sequence) -> list[int]:
+        """Take a running sequence out without freeing its blocks: its decode continues on
+        another instance, which copies them. The caller owns the returned ids and frees them
+        once they were copied (or the copy is given up)."""
+        self.running.remove(seq)
+        self._arrival.pop(id(seq), None)
+        ids = self.blocks.detach(seq)
+        finish(seq, "migrated")
+        return ids
+
     def register_kv(self, seq: Sequence) -> None:
         """The KV of an admitted sequence arrived from elsewhere (a hand-off, copied into its
         blocks): its full blocks join the prefix cache, e.g. for a recompute after preemption."""

@@ -5,7 +5,7 @@ scheduler, the decode worker, the offline LLMEngine and the simulator all use.""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bucketserve.scheduling.cluster import InstanceStats
 from bucketserve.scheduling.request import RequestMeta
@@ -147,6 +147,15 @@ class DecodeLedger:
             while order and order[0] not in self._by_request:
                 order.popleft()
         return res
+
+    def move(self, request_id: str, decode_id: str) -> None:
+        """The request's decode moved to `decode_id` (hybrid): its reservation goes along."""
+        res = self.release(request_id)
+        if res is not None:
+            order = self._order[res.decode_id]
+            if request_id in order:
+                order.remove(request_id)
+            self.reserve(replace(res, decode_id=decode_id))
 
     def clear(self, decode_id: str) -> None:
         for request_id in list(self._order.get(decode_id, ())):

@@ -25,6 +25,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 HEAVY = 1024  # prompt-token budgets from here on are prefill-heavy
+SLACK = 0.9  # a decode moves once its mean TPOT would pass this share of its SLO
+
+
+def out_of_slack(elapsed_s: float, next_step_s: float, num_output: int, tpot_slo_s: float,
+                 slack: float = SLACK) -> bool:  # fmt: skip
+    """The migration rule of a decode on an instance with a prompt budget: would one more of
+    its instance's steps (`next_step_s`, predicted) push its mean TPOT (`elapsed_s` since its
+    first token over `num_output` tokens) past `slack` x its TPOT SLO?"""
+    return num_output > 0 and (elapsed_s + next_step_s) / num_output > slack * tpot_slo_s
+
+
+def fixed_budgets(num_instances: int, layout: int, mixed_budget: int,
+                  heavy_budget: int) -> tuple[int, ...]:  # fmt: skip
+    """Per-instance budgets of a layout: 0 all mixed; k the first k heavy, the rest 0."""
+    if layout == 0:
+        return (mixed_budget,) * num_instances
+    return (heavy_budget,) * layout + (0,) * (num_instances - layout)
 
 
 @dataclass(slots=True)
@@ -81,9 +98,7 @@ class RoleController:
     def budgets(self, layout: int | None = None) -> tuple[int, ...]:
         """Per-instance prompt-token budgets of a layout (default: the current one)."""
         k = self.layout if layout is None else layout
-        if k == 0:
-            return (self.mixed_budget,) * self.num_instances
-        return (self.heavy_budget,) * k + (0,) * (self.num_instances - k)
+        return fixed_budgets(self.num_instances, k, self.mixed_budget, self.heavy_budget)
 
     def record_first_token(self, ok: bool) -> None:
         self.window.ttft_n += 1

@@ -12,7 +12,7 @@ from bucketserve.scheduling.config import SchedulerConfig
 
 DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
 KNOWN_POLICIES = ("static", "fcfs", "distserve", "bucketserve", "bucketserve+", "edf")
-TOPOLOGIES = ("auto", "disaggregated", "colocated")
+TOPOLOGIES = ("auto", "disaggregated", "colocated", "hybrid")
 # Why "auto" runs colocated (docs/scheduling.md, "Hybrid instances and the kill test" and "The
 # real server: disaggregated vs colocated"): chunked colocated instances won every cell of the
 # simulated SLO grid (TPOT 40-100 ms x TTFT 0.5-2x default, 3 workloads, 3 seeds; >= 1.6x the
@@ -40,6 +40,12 @@ class ServeConfig:
     # tokens per fused iteration (colocated): decodes + prompt chunks; 0: by device (see
     # iteration_tokens)
     chunk_tokens: int = 0
+    # hybrid (colocated instances whose prompt-token budgets the scheduler's RoleController
+    # sets: mixed, prefill-heavy or decode-only; decodes move through the KV hand-off;
+    # scheduling/roles.py): -1 adaptive, k >= 0 a fixed layout (0: all mixed, k: k heavy)
+    hybrid_layout: int = -1
+    hybrid_period_s: float = 10.0  # how often the controller reads attainment and may move
+    hybrid_heavy_tokens: int = 2048  # a prefill-heavy instance's prompt-token budget
     prefill_devices: list[str] = field(default_factory=lambda: ["cpu"])
     decode_devices: list[str] = field(default_factory=lambda: ["cpu"])
     host: str = "127.0.0.1"
@@ -98,13 +104,16 @@ class ServeConfig:
             )
         if self.topology == "auto":
             self.topology, self.decode_devices = "colocated", self.auto_devices()
+        elif self.topology == "hybrid":  # resolved once: the instances take every device
+            self.decode_devices, self.prefill_devices = self.auto_devices(), []
+            self.check_hybrid_fields()
         if self.chunk_tokens and not 16 <= self.chunk_tokens <= 65536:
             raise ValueError(
                 f"chunk_tokens must be 0 (auto) or in 16..65536, got {self.chunk_tokens}"
             )
         for name in ("prefill_devices", "decode_devices"):
             devices = getattr(self, name)
-            if not devices:
+            if not devices and not (name == "prefill_devices" and self.is_hybrid):
                 raise ValueError(f"{name} must name at least one device (cpu or cuda:N)")
             for dev in devices:
                 if not DEVICE_RE.match(dev):
@@ -170,6 +179,28 @@ class ServeConfig:
                 f" {self.drain_timeout_s} and {self.restart_backoff_max_s}"
             )
 
+    def check_hybrid_fields(self) -> None:
+        from bucketserve.scheduling.roles import HEAVY
+
+        n = len(self.decode_devices)
+        if n < 2:
+            raise ValueError(
+                f"topology hybrid needs at least 2 instances (--prefill-devices and "
+                f"--decode-devices together name {n})"
+            )
+        if not -1 <= self.hybrid_layout < n:
+            raise ValueError(f"hybrid_layout must be -1 (adaptive) or in 0..{n - 1} (the "
+                             f"number of prefill-heavy instances), got {self.hybrid_layout}")  # fmt: skip
+        if not HEAVY <= self.hybrid_heavy_tokens <= 65536:
+            raise ValueError(
+                f"hybrid_heavy_tokens must be in {HEAVY}..65536, got {self.hybrid_heavy_tokens}"
+            )
+        if self.iteration_tokens >= HEAVY:
+            raise ValueError(f"topology hybrid: chunk_tokens (a mixed instance's budget) must "
+                             f"be below {HEAVY}, got {self.iteration_tokens}")  # fmt: skip
+        if not 0.5 <= self.hybrid_period_s <= 3600:
+            raise ValueError(f"hybrid_period_s must be in 0.5..3600, got {self.hybrid_period_s}")
+
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         """The SchedulerConfig for a model context of max_model_len, with `scheduler` applied."""
         return SchedulerConfig.with_overrides(
@@ -188,8 +219,13 @@ class ServeConfig:
 
     @property
     def is_colocated(self) -> bool:
-        """Every instance prefills and decodes (no prefill models, no KV hand-off)."""
-        return self.topology == "colocated"
+        """Every instance is an engine that can prefill and decode (no prefill models):
+        colocated, or hybrid (whose instances change budgets and hand decodes to each other)."""
+        return self.topology in ("colocated", "hybrid")
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.topology == "hybrid"
 
     @property
     def iteration_tokens(self) -> int:

@@ -21,13 +21,12 @@ controller (`scheduling.roles.RoleController`) from the attainment it measures e
 from __future__ import annotations
 
 from bucketserve.engine.scheduler import ScheduledStep
-from bucketserve.scheduling.roles import HEAVY, RoleController
+from bucketserve.scheduling.roles import HEAVY, RoleController, out_of_slack
 from bucketserve.sim.chunked import ChunkedEngine
 from bucketserve.sim.instance import SimInstance, pending_prompt_tokens
 from bucketserve.sim.metrics import tpot
 
 RECOMPUTE_BUDGET = 512  # a decode-only instance still recomputes its preempted sequences
-SLACK = 0.9  # a decode moves once its mean TPOT would pass this share of its SLO
 
 
 class _Moved:
@@ -113,8 +112,7 @@ class HybridEngine(ChunkedEngine):
         done = seq.num_completion_tokens
         if w.ready_s.get(seq.seq_id) is not None:
             return False
-        elapsed = self.sim.now - req.first_token_s
-        return (elapsed + next_s) / done > SLACK * req.meta.tpot_slo_s
+        return out_of_slack(self.sim.now - req.first_token_s, next_s, done, req.meta.tpot_slo_s)
 
     def _migrate(self, src: SimInstance, seq) -> None:
         """Move a decode to the decode-only instance with the most TPOT slack."""

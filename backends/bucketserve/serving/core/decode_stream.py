@@ -23,6 +23,7 @@ class Delta:
     busy: bool = False  # the error is about capacity (server busy), not the request
     logprobs: list[dict] = field(default_factory=list)  # per token, when the request asked
     num_cached_tokens: int = 0  # prompt tokens served from a prefix cache (set on the last)
+    handoff: Handoff | None = None  # finish_reason MIGRATED: where the request continues
 
 
 @dataclass(slots=True, eq=False)
@@ -38,6 +39,7 @@ class Stream:
     queued_s: float = field(default_factory=time.monotonic)
     kv_pending: bool = False
     first_sent: bool = False
+    first_token_s: float = 0.0  # wall time of its first token (a moved decode's slack)
     done: bool = False
     logprobs: list[dict] = field(default_factory=list)  # not yet handed to the sender
 

@@ -26,6 +26,13 @@ class TextStream:
         self.text = ""
         self.sent = 0
 
+    def resume(self, token_ids: list[int], sent: int) -> None:
+        """Continue a stream another instance started (a moved decode): decode the tokens it
+        generated, of which the first `sent` characters were released there."""
+        for t in token_ids:
+            self.text += self.decoder.step(self.tokenizer, t) or ""
+        self.sent = min(sent, len(self.text))
+
     def push(self, token_id: int) -> tuple[str, bool]:
         """Feed one token; returns (text now safe to send, whether a stop word ended the text)."""
         piece = self.decoder.step(self.tokenizer, token_id)

@@ -16,6 +16,7 @@ instance's KV pool by its index (`serving/core/kv_intake.py`).
     reply      prefill_<i> -> scheduler          `result` (PrefillReply)
     hand-off   scheduler -> decode (router)      `_handoff` (Handoff: generate/stop/cancelled)
     delta      decode_<i> -> relays              `_delta` (PackedDelta)
+    migration  decode_<i> -> relay -> decode_<j> a PackedDelta MIGRATED carrying a Handoff
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ KIND_GENERATE = "generate"  # KV is waiting in a prefill pool (or a colocated pr
 KIND_STOP = "stop"  # cancel the running request named by `target`
 KIND_CANCELLED = "cancelled"  # cancelled before prefill: answer FINAL at once
 KINDS = (KIND_GENERATE, KIND_STOP, KIND_CANCELLED)
+# The finish reason of a decode instance's stream whose request moved to another instance
+# (hybrid): its one packed response carries the sealed hand-off the relay follows. Never
+# reaches a client.
+MIGRATED = "migrated"
+POOL_ROLES = ("prefill", "decode")
 
 
 class MessageError(ValueError):
@@ -64,7 +70,10 @@ class Handoff:
     params: GenerateParams
     prompt_ids: list[int] = field(default_factory=list)
     first_token: int = -1
-    prefill_index: int = -1  # whose KV pool holds the prompt; -1: none (colocated, stop)
+    # whose KV pool holds the KV: pool_role + index (a prefill instance's prompt, or a hybrid
+    # instance's whole sequence when its decode moves); -1: none (colocated prompt, stop)
+    prefill_index: int = -1
+    pool_role: str = "prefill"
     decode_index: int = 0  # the decode instance the scheduler placed it on (model decode_<i>)
     handoff_id: int = -1  # slot in that prefill instance's ack table
     block_ids: list[int] = field(default_factory=list)
@@ -74,10 +83,30 @@ class Handoff:
     prefill_done_s: float = 0.0  # wall-clock end of prefill
     first_logprob: list | None = None  # [logprob, top ids, top logprobs] of first_token
     num_cached_tokens: int = 0  # prompt tokens the prefill instance found in its prefix cache
+    ttft_slo_s: float = 0.0  # the request's SLOs as the scheduler resolved them (0: none)
+    tpot_slo_s: float = 0.0
+    # A decode moved between hybrid instances (pool_role "decode"): what it generated so far,
+    # how much of its text the source's detokenizer had released, and what its relay had not
+    # yet sent (the next instance's relay sends it first).
+    output_ids: list[int] = field(default_factory=list)
+    text_sent: int = 0
+    first_token_s: float = 0.0  # wall time its first token went out
+    carry_text: str = ""
+    carry_logprobs: list = field(default_factory=list)
+    carry_cum_logprob: float = 0.0
+    echoed: bool = False  # the prompt echo (if asked) is part of what was sent or carried
+    migrations: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.pool_role not in POOL_ROLES:
+            raise ValueError(f"pool_role must be one of {POOL_ROLES}, got {self.pool_role!r}")
+
+    @property
+    def is_migration(self) -> bool:
+        """A running decode moved here from another hybrid instance."""
+        return self.pool_role == "decode" and self.prefill_index >= 0
 
 
 @dataclass(slots=True)
@@ -130,6 +159,7 @@ class PackedDelta:
     logprobs: list = field(default_factory=list)  # vLLM-style entries, one per token
     cum_logprob: float = 0.0
     num_cached_tokens: int = 0
+    handoff: str = ""  # finish_reason MIGRATED: the sealed hand-off to the next instance
 
 
 # ---- the codec ------------------------------------------------------------------------------

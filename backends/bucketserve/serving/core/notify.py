@@ -1,8 +1,10 @@
-"""Decode -> scheduler: "request finished" notices over a Unix datagram socket (cheap, one-way).
+"""Decode -> scheduler notices over a Unix datagram socket (cheap, one-way).
 
 The scheduler's admission reserves decode blocks per request; it releases a reservation when
-decode reports the request done. Losing a notice only delays that release (the scheduling
-core also clears reservations of an idle decode instance), so sends never block.
+decode reports the request done ("finished", with whether it met its TTFT and TPOT SLOs: the
+hybrid role controller's input), and moves it when a hybrid instance handed the request's
+decode to a peer ("moved"). Losing a notice only delays that release (the scheduling core also
+clears reservations of an idle decode instance), so sends never block.
 """
 
 from __future__ import annotations
@@ -36,9 +38,16 @@ class FinishNotifier:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
 
-    def finished(self, key: str, num_output_tokens: int) -> None:
+    def finished(self, key: str, num_output_tokens: int,
+                 slo_met: tuple[bool, bool] | None = None) -> None:  # fmt: skip
+        self._send({"finished": key, "n": num_output_tokens, "slo": slo_met})
+
+    def moved(self, key: str, decode_index: int) -> None:
+        self._send({"moved": key, "to": decode_index})
+
+    def _send(self, notice: dict) -> None:
         try:
-            self.sock.sendto(json.dumps([key, num_output_tokens]).encode(), self.path)
+            self.sock.sendto(json.dumps(notice).encode(), self.path)
         except OSError:  # scheduler not listening (yet) or its buffer is full
             pass
 
@@ -47,12 +56,14 @@ class FinishNotifier:
 
 
 class FinishListener:
-    """Scheduler side: `serve()` runs in a thread and calls `on_finished(key, n)` per notice."""
+    """Scheduler side: `serve()` runs in a thread and calls `on_finished(key, n, slo_met)` or
+    `on_moved(key, decode_index)` per notice."""
 
-    def __init__(self, path: str, on_finished: Callable[[str, int], None]) -> None:
+    def __init__(self, path: str, on_finished: Callable[..., None],
+                 on_moved: Callable[[str, int], None] | None = None) -> None:  # fmt: skip
         if _is_file(path):
             os.unlink(path)
-        self.path, self.on_finished = path, on_finished
+        self.path, self.on_finished, self.on_moved = path, on_finished, on_moved
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(path)
         self.sock.settimeout(RECV_TIMEOUT_S)
@@ -66,8 +77,14 @@ class FinishListener:
                 continue
             except OSError:
                 return
-            key, n = json.loads(data)
-            self.on_finished(str(key), int(n))
+            notice = json.loads(data)
+            if "moved" in notice:
+                if self.on_moved is not None:
+                    self.on_moved(str(notice["moved"]), int(notice["to"]))
+                continue
+            slo = notice.get("slo")
+            self.on_finished(str(notice["finished"]), int(notice["n"]),
+                             tuple(bool(x) for x in slo) if slo else None)  # fmt: skip
 
     def close(self) -> None:
         self.closing = True

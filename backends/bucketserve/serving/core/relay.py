@@ -14,10 +14,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bucketserve.serving.core.decode_stream import Delta
-from bucketserve.serving.core.messages import Handoff
+from bucketserve.serving.core.messages import MIGRATED, Handoff
 
 EARLY_STOP_TTL_S = 60.0
 
@@ -44,10 +44,14 @@ class Client:
 class ResponseRelay:
     """`send(sender, text, reason, n_in, n_out, final, logprobs, num_cached)`,
     `send_error(sender, message, busy)`,
-    `on_final(delta, client)` (finish notice, metrics) are injected."""
+    `on_final(delta, client)` (finish notice, metrics) are injected; hybrid instances also
+    `send_moved(sender, handoff)` (the FINAL of this instance's stream, which the caller's
+    relay follows to the next instance) and `on_moved(delta, client)`."""
 
-    def __init__(self, worker, send: Callable, send_error: Callable, on_final: Callable) -> None:
+    def __init__(self, worker, send: Callable, send_error: Callable, on_final: Callable,
+                 send_moved: Callable | None = None, on_moved: Callable | None = None) -> None:  # fmt: skip
         self.worker, self.send, self.send_error, self.on_final = worker, send, send_error, on_final
+        self.send_moved, self.on_moved = send_moved, on_moved
         self.clients: dict[int, Client] = {}
         self.by_request_id: dict[str, int] = {}
         self.early_stops: dict[str, float] = {}  # request id -> when its stop arrived
@@ -57,8 +61,13 @@ class ResponseRelay:
     def start(self, sender, handoff: Handoff) -> None:
         key = next(self.keys)
         rid = handoff.params.request_id
+        client = Client(sender, handoff)
+        if handoff.is_migration:  # what the previous instance's relay had not sent yet
+            client.buffer, client.first_token_s = handoff.carry_text, handoff.first_token_s
+            client.echoed, client.logprobs = handoff.echoed, list(handoff.carry_logprobs)
+            client.cum_logprob = handoff.carry_cum_logprob
         with self.lock:
-            self.clients[key] = Client(sender, handoff)
+            self.clients[key] = client
             if rid:
                 self.by_request_id[rid] = key
             stopped_early = self.early_stops.pop(rid, None) is not None if rid else False
@@ -115,6 +124,9 @@ class ResponseRelay:
             client.buffer += text
             return False
         text, client.buffer = client.buffer + text, ""
+        if d.finish_reason == MIGRATED:
+            self.hand_on(d, client, text)
+            return True
         if d.finish_reason:
             self.complete(d, client, text)
             return True
@@ -140,10 +152,7 @@ class ResponseRelay:
 
     def complete(self, d: Delta, client: Client, text: str) -> None:
         p = client.handoff.params
-        with self.lock:
-            self.clients.pop(d.key, None)
-            if self.by_request_id.get(p.request_id) == d.key:
-                del self.by_request_id[p.request_id]
+        self.forget(d.key, client)
         try:
             if d.error:
                 self.send_error(client.sender, d.error, d.busy)
@@ -154,6 +163,29 @@ class ResponseRelay:
         except Exception as e:
             self.last_resort(client, e)
         self.on_final(d, client)  # the scheduler's account is freed whatever the client got
+
+    def hand_on(self, d: Delta, client: Client, text: str) -> None:
+        """The request moved to another instance: this stream ends with the hand-off, which
+        carries everything not yet sent (text, log-probs) for the next instance's relay."""
+        self.forget(d.key, client)
+        h = replace(d.handoff, carry_text=text, carry_logprobs=client.logprobs,
+                    carry_cum_logprob=client.cum_logprob, echoed=client.echoed,
+                    first_token_s=client.first_token_s or d.handoff.first_token_s)  # fmt: skip
+        try:
+            self.send_moved(client.sender, h)
+        except Exception as e:  # the request ends here; its blocks expire in our ack table
+            self.last_resort(client, e)
+            d.error = f"could not hand the request on: {e}"
+            self.on_final(d, client)
+            return
+        self.on_moved(d, client)
+
+    def forget(self, key: int, client: Client) -> None:
+        rid = client.handoff.params.request_id
+        with self.lock:
+            self.clients.pop(key, None)
+            if self.by_request_id.get(rid) == key:
+                del self.by_request_id[rid]
 
     def last_resort(self, client: Client, e: Exception) -> None:
         """A response could not be sent: log it, and try an error FINAL instead."""
@@ -182,4 +214,5 @@ def merge(items: list[Delta]) -> list[Delta]:
         prev.first_token_s = prev.first_token_s or d.first_token_s
         prev.logprobs += d.logprobs
         prev.num_cached_tokens = d.num_cached_tokens
+        prev.handoff = d.handoff
     return list(merged.values())

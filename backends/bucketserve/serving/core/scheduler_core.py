@@ -15,6 +15,12 @@ fused iterations. An instance is offered again once it has taken in everything s
 its prompt backlog is below one iteration's budget, so the policy's queue order (buckets,
 deadlines) still decides what runs next instead of the instance's FIFO.
 
+Hybrid (with a `HybridControl`): the same, but each instance's intake is bounded by the
+prompt-token budget the role controller gives it (serving/core/roles_file.py), and an
+instance with budget 0 (decode-only) is offered no prompts; decodes reach it from its peers.
+Every finish notice carries whether the request met its SLOs, which the controller reads;
+a decode that moved takes its reservation along (`moved`).
+
 Prefix-aware placement (with a `PrefixIndex`): the instances offered are ordered for the
 oldest waiting request by cached overlap vs load (`scheduling/prefix_index.py`), from the
 scheduler's own record of which prompt blocks it sent where; least loaded when the loads
@@ -77,11 +83,12 @@ class SchedulerCore:
 
     def __init__(self, sched, view: Callable[[], ClusterView | None], prefill, send_handoff,
                  send_error, num_prefill: int, metrics, chunk_tokens: int = 0,
-                 prefix_index: PrefixIndex | None = None) -> None:  # fmt: skip
+                 prefix_index: PrefixIndex | None = None, hybrid=None) -> None:  # fmt: skip
         self.sched, self.view, self.prefill = sched, view, prefill
         self.prefix_index, self.block_size = prefix_index, 16  # block size: from the stats
         self.placement = ColocatedPlacement(prefix_index)  # colocated: which instances to offer
         self.chunk_tokens = chunk_tokens  # > 0: colocated instances, no prefill calls
+        self.hybrid = hybrid  # HybridControl: per-instance budgets (hybrid topology)
         self.sent: dict[int, int] = {}  # colocated: requests sent per instance
         self.open: dict[int, tuple[PrefillBatch, float]] = {}  # batch not yet taken in
         self.send_handoff, self.send_error, self.metrics = send_handoff, send_error, metrics
@@ -90,7 +97,7 @@ class SchedulerCore:
         self.fresh: list[str] = []  # keys not yet checked against the decode pools' size
         self.busy: set[str] = set()  # prefill instances with a batch in flight
         self.next_key = 0
-        self.decision_s, self.next_metrics = 0.0, 0.0
+        self.decision_s, self.next_metrics, self.next_roles_metrics = 0.0, 0.0, 0.0
         self.cond = threading.Condition()
         self.stopping = False
         self.jobs = [queue.Queue() for _ in range(num_prefill)]
@@ -134,11 +141,21 @@ class SchedulerCore:
             self.send_handoff(item.sender, Handoff(KIND_CANCELLED, item.params))
         self.send_handoff(sender, Handoff(KIND_STOP, params, target=params.request_id))
 
-    def finished(self, key: str, num_output_tokens: int) -> None:
+    def finished(self, key: str, num_output_tokens: int,
+                 slo_met: tuple[bool, bool] | None = None) -> None:  # fmt: skip
         """Decode reported the request done: release its decode-side reservation."""
         with self.cond:
             self.sched.on_request_finished(key, num_output_tokens)
+            if self.hybrid is not None and slo_met is not None:
+                self.hybrid.record(slo_met)
             self.cond.notify()
+
+    def moved(self, key: str, decode_index: int) -> None:
+        """A hybrid instance handed the request's decode to instance `decode_index`."""
+        with self.cond:
+            self.sched.ledger.move(key, f"decode{decode_index}")
+            if self.hybrid is not None:
+                self.hybrid.moved += 1
 
     # ---- decisions ----------------------------------------------------------------------
     def loop(self) -> None:
@@ -147,6 +164,8 @@ class SchedulerCore:
                 with self.cond:
                     if self.stopping:
                         return
+                    if self.hybrid is not None:
+                        self.control_roles()
                     picked = self.next_colocated() if self.chunk_tokens else self.next_batch()
                     if picked is None:
                         self.cond.wait(IDLE_WAIT_S)
@@ -160,6 +179,15 @@ class SchedulerCore:
             except Exception:  # the loop must outlive any one bad iteration
                 log.exception("scheduler loop")
                 time.sleep(ERROR_BACKOFF_S)
+
+    def control_roles(self) -> None:
+        """Hybrid: the role controller's look (it acts once per period)."""
+        changed = self.hybrid.tick(time.monotonic())
+        if changed:
+            log.info("hybrid layout %d: budgets %s", self.hybrid.layout, self.hybrid.budgets)
+        if changed or time.monotonic() >= self.next_roles_metrics:
+            self.metrics.roles(self.hybrid.layout, changed)
+            self.next_roles_metrics = time.monotonic() + METRICS_INTERVAL_S
 
     def next_batch(self) -> tuple[PrefillBatch, list[Waiting]] | None:
         view = self.view() if self.waiting else None
@@ -191,7 +219,8 @@ class SchedulerCore:
             return None
         key, item = next(iter(self.waiting.items()))  # arrival order: the policy's likely next
         hashes = self.hashes(item) if self.prefix_index is not None else []
-        offered = self.placement.offer(key, least_loaded, lambda s: is_open[s.instance_id],
+        prompted = [s for s in least_loaded if self.intake_budget(s)]  # hybrid: not decode-only
+        offered = self.placement.offer(key, prompted, lambda s: is_open[s.instance_id],
                                        hashes, len(item.ids))  # fmt: skip
         for stats in offered:
             picked = self.decide(ClusterView(prefill=[stats], decode=[stats]))
@@ -235,7 +264,8 @@ class SchedulerCore:
         in_flight = stats.num_received < self.sent.get(index, 0)
         if in_flight and time.monotonic() - sent_s < INTAKE_TIMEOUT_S:
             return False
-        if stats.prefill_backlog >= self.chunk_tokens:
+        budget = self.intake_budget(stats)
+        if stats.prefill_backlog >= (budget or self.chunk_tokens):  # not yet absorbed
             return False
         if batch is not None:
             del self.open[index]
@@ -244,7 +274,14 @@ class SchedulerCore:
             self.metrics.batch(batch.size, batch.padding_ratio, duration)
         if in_flight:  # timed out: the instance restarted and lost them (their FINALs went out)
             self.sent[index] = stats.num_received
-        return True
+        return budget > 0  # hybrid: a decode-only instance takes no prompts
+
+    def intake_budget(self, stats) -> int:
+        """Prompt tokens an instance may have queued before it is offered more (colocated:
+        one iteration's budget; hybrid: its role's budget, 0 for decode-only)."""
+        if self.hybrid is None:
+            return self.chunk_tokens
+        return self.hybrid.budget(instance_index(stats.instance_id))
 
     def decide(self, view: ClusterView) -> tuple[PrefillBatch, list[Waiting]] | None:
         """Ask the policy for a batch over `view`; pops its requests from the waiting table."""
@@ -290,6 +327,7 @@ class SchedulerCore:
             self.send_handoff(item.sender, Handoff(
                 KIND_GENERATE, item.params, prompt_ids=item.ids, decode_index=index,
                 arrival_s=item.arrival_s, sched_key=meta.request_id,
+                ttft_slo_s=meta.ttft_slo_s, tpot_slo_s=meta.tpot_slo_s,
             ))  # fmt: skip
 
     def dispatch_loop(self, index: int) -> None:

@@ -23,7 +23,18 @@ SERVE_OPTIONS: tuple[tuple[str, dict], ...] = (
         help="auto (default): colocated over the --prefill-devices and --decode-devices (one "
         "instance per CPU entry, one per GPU), which won every simulated SLO cell; "
         "disaggregated: prefill instances hand KV to decode instances; colocated: each "
-        "--decode-devices instance runs fused decode + prompt-chunk iterations (no hand-off)")),
+        "--decode-devices instance runs fused decode + prompt-chunk iterations (no hand-off); "
+        "hybrid: colocated instances over the devices of both roles whose budgets a "
+        "controller sets (mixed, prefill-heavy, decode-only), decodes moving through the "
+        "KV hand-off")),
+    ("--hybrid-layout", dict(
+        type=int,
+        help="hybrid: -1 (default) adaptive; k >= 0 fixed: 0 every instance mixed, k the "
+        "first k prefill-heavy and the rest decode-only")),
+    ("--hybrid-period-s", dict(
+        type=float, help="hybrid: seconds between the role controller's looks at attainment")),
+    ("--hybrid-heavy-tokens", dict(
+        type=int, help="hybrid: a prefill-heavy instance's prompt tokens per iteration")),
     ("--chunk-tokens", dict(
         type=int,
         help="colocated: tokens per iteration (every running decode's token, then prompt "

@@ -54,7 +54,14 @@ def openai_settings(cfg: ServeConfig) -> Settings:
 def describe_topology(cfg: ServeConfig) -> str:
     """e.g. 'topology=colocated on cpu, cpu' or 'topology=disaggregated prefill cpu, decode cpu'."""
     if cfg.is_colocated:
-        return f"topology=colocated on {', '.join(cfg.decode_devices)}"
+        layout = (
+            ""
+            if not cfg.is_hybrid
+            else (
+                " (adaptive roles)" if cfg.hybrid_layout < 0 else f" (layout {cfg.hybrid_layout})"
+            )
+        )
+        return f"topology={cfg.topology} on {', '.join(cfg.decode_devices)}{layout}"
     return (f"topology=disaggregated prefill {', '.join(cfg.prefill_devices)},"
             f" decode {', '.join(cfg.decode_devices)}")  # fmt: skip
 

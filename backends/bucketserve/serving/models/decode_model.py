@@ -15,15 +15,19 @@ from bucketserve.serving.contract import PACKED_OUTPUT
 from bucketserve.serving.core.decode_stream import Delta
 from bucketserve.serving.core.decode_worker import DecodeWorker
 from bucketserve.serving.core.engine_glue import build_runner
+from bucketserve.serving.core.kv_intake import publish_pool
 from bucketserve.serving.core.messages import (
     KIND_GENERATE,
     KIND_STOP,
+    MIGRATED,
     Handoff,
     MessageError,
     PackedDelta,
     encode,
     open_message,
+    seal_message,
 )
+from bucketserve.serving.core.migration import Migration
 from bucketserve.serving.core.model_info import load_tokenizer, model_info
 from bucketserve.serving.core.notify import FinishNotifier, socket_path
 from bucketserve.serving.core.relay import Client, ResponseRelay, merge
@@ -32,6 +36,7 @@ from bucketserve.serving.models.guarded_sender import GuardedSender
 from bucketserve.serving.models.metrics import (
     DecodeMetrics,
     KvMetrics,
+    MigrationMetrics,
     PrefixCacheMetrics,
     RequestMetrics,
 )
@@ -75,6 +80,10 @@ class DecodeModel:
         self.stats = StatsBlock.create(shm_name(cfg.run_id, "decode", index, "st"))
         tokenizer = load_tokenizer(model_info(cfg)).backend_tokenizer
         self.outbox: queue.Queue = queue.Queue()
+        self.migration = None
+        if cfg.is_hybrid:  # decodes may move to peers: our pool and ack table are theirs to open
+            self.migration = Migration(cfg, index, runner.num_blocks)
+            publish_pool(cfg, index, runner.pool_handle, role="decode")
         self.worker = DecodeWorker(
             runner,
             self.blocks,
@@ -86,11 +95,14 @@ class DecodeModel:
             watermark=cfg.scheduler_config(runner.model_config.max_model_len).watermark,
             token_budget=cfg.iteration_tokens if cfg.is_colocated else cfg.max_prefill_tokens,
             run=cfg,
+            migration=self.migration,
         )
         self.stream_interval_s = cfg.stream_interval_s
         self.worker.publish()
         self.notifier = FinishNotifier(socket_path(cfg.run_dir, cfg.run_id))
-        self.relay = ResponseRelay(self.worker, send, send_error, self.on_final)
+        self.relay = ResponseRelay(self.worker, send, send_error, self.on_final, send_moved,
+                                   self.on_moved)  # fmt: skip
+        self.migration_metrics = MigrationMetrics(self.name) if self.migration else None
         self.kv_metrics = KvMetrics(self.name)
         self.cache_metrics = PrefixCacheMetrics(self.name)
         self.decode_metrics = DecodeMetrics(self.name)
@@ -165,6 +177,8 @@ class DecodeModel:
         self.kv_gauges()
         self.cache_metrics.set(self.blocks)
         self.decode_metrics.set(self.worker)
+        if self.migration_metrics is not None:
+            self.migration_metrics.set(self.migration, self.worker.budget)
         self.relay.cancel_gone()
 
     def kv_gauges(self) -> None:
@@ -173,9 +187,14 @@ class DecodeModel:
 
     def on_final(self, d: Delta, client: Client) -> None:
         """After a request's FINAL: tell the scheduler, count it, observe its latencies."""
-        self.notifier.finished(client.handoff.sched_key, d.num_output_tokens)
+        self.notifier.finished(client.handoff.sched_key, d.num_output_tokens,
+                               slo_outcome(d, client))  # fmt: skip
         self.decode_metrics.finished.increment(1)
         self.observe(d, client)
+
+    def on_moved(self, d: Delta, client: Client) -> None:
+        """The request continues on another instance: the scheduler moves its reservation."""
+        self.notifier.moved(client.handoff.sched_key, d.handoff.decode_index)
 
     def observe(self, d: Delta, client: Client) -> None:
         h, now = client.handoff, time.time()
@@ -195,7 +214,7 @@ class DecodeModel:
             h.params.num_input_tokens,
             d.num_output_tokens,
         )
-        if h.prefill_index >= 0:  # a KV hand-off (colocated requests have none)
+        if h.prefill_index >= 0 and not h.is_migration:  # a prefill's KV hand-off
             self.req_metrics.handoff.observe(max(0.0, client.first_token_s - h.prefill_done_s))
 
     def finalize(self) -> None:
@@ -206,6 +225,8 @@ class DecodeModel:
         self.stats.close()
         self.stats.unlink()
         self.notifier.close()
+        if self.migration is not None:
+            self.migration.close()
         self.worker.runner.close()
 
 
@@ -214,6 +235,28 @@ def send(sender, text: str, reason: str, n_in: int, n_out: int, final: bool, log
     packed = sender.packed  # a GuardedSender: what the request asked for
     r = response(text, reason, n_in, n_out, logprobs, packed, num_cached)
     sender.send(r, flags=FINAL if final else 0)
+
+
+def slo_outcome(d: Delta, client: Client) -> tuple[bool, bool] | None:
+    """(TTFT met, TPOT met) of a request that generated, against the SLOs the scheduler
+    resolved for it (the hybrid role controller's input); None if it did not run."""
+    h, now = client.handoff, time.time()
+    if not (h.ttft_slo_s and h.tpot_slo_s) or d.error or not client.first_token_s:
+        return None
+    n = d.num_output_tokens
+    tpot = (now - client.first_token_s) / (n - 1) if n > 1 else 0.0
+    return client.first_token_s - h.arrival_s <= h.ttft_slo_s, tpot <= h.tpot_slo_s
+
+
+def send_moved(sender, h: Handoff) -> None:
+    """The FINAL of this instance's stream for a decode that moved: the relay (router or
+    bucketserve_bls, which always ask for the packed output) follows the sealed hand-off."""
+    if not sender.packed:
+        raise RuntimeError("a moved decode needs a relay that follows it (decode_router, bls)")
+    d = PackedDelta("", MIGRATED, h.params.num_input_tokens, len(h.output_ids),
+                    handoff=seal_message(h).decode())  # fmt: skip
+    sender.send(pb_utils.InferenceResponse(output_tensors=[bytes_tensor(PACKED_OUTPUT, encode(d))]),
+                flags=FINAL)  # fmt: skip
 
 
 def send_error(sender, message: str, busy: bool) -> None:

@@ -251,6 +251,48 @@ class DecodeMetrics:
         self._seen = now
 
 
+class MigrationMetrics:
+    """A hybrid instance: the prompt-token budget its role gives it (0: decode-only) and the
+    decodes it handed to peers or took from them."""
+
+    def __init__(self, instance: str) -> None:
+        declare(self, {"instance": instance}, (
+            ("budget", gauge, "instance_token_budget",
+             "Hybrid: prompt tokens per iteration this instance's role allows (0: decode-only)"),
+            ("out", counter, "migrations_out_total",
+             "Hybrid: running decodes this instance handed to a decode-only peer"),
+            ("into", counter, "migrations_in_total",
+             "Hybrid: running decodes this instance took over from a peer"),
+        ))  # fmt: skip
+        self._seen = (0, 0)
+
+    def set(self, migration, budget: int | None) -> None:
+        if budget is not None:
+            self.budget.set(budget)
+        now = (migration.num_out, migration.num_in)
+        for c, new, old in zip((self.out, self.into), now, self._seen, strict=True):
+            if new > old:
+                c.increment(new - old)
+        self._seen = now
+
+
+class HybridMetrics:
+    """The hybrid role controller: its layout (0: all mixed, k: k prefill-heavy instances)
+    and how often it changed."""
+
+    def __init__(self) -> None:
+        declare(self, {}, (
+            ("layout", gauge, "hybrid_layout",
+             "Hybrid: prefill-heavy instances of the current layout (0: every instance mixed)"),
+            ("changes", counter, "role_changes_total", "Hybrid: layout changes the controller made"),
+        ))  # fmt: skip
+
+    def set(self, layout: int, changed: bool) -> None:
+        self.layout.set(layout)
+        if changed:
+            self.changes.increment(1)
+
+
 class PlacementMetrics:
     """The scheduler's placement decisions: requests sent to each prefill / decode instance."""
 

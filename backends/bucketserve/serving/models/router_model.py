@@ -18,7 +18,14 @@ import triton_python_backend_utils as pb_utils
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import PACKED_OUTPUT
 from bucketserve.serving.core.bls_stream import KEEPER, decoupled_responses
-from bucketserve.serving.core.messages import KIND_GENERATE, KIND_STOP, Handoff, open_message
+from bucketserve.serving.core.messages import (
+    KIND_GENERATE,
+    KIND_STOP,
+    MIGRATED,
+    Handoff,
+    MessageError,
+    open_message,
+)
 from bucketserve.serving.models.guarded_sender import GuardedSender
 from bucketserve.serving.models.triton_io import (
     model_parameter,
@@ -68,27 +75,42 @@ def decode_stream(index: int, handoff_bytes: np.ndarray, barrier=None):
 def relay(index: int, handoff_bytes: np.ndarray, sender, wrap=None, label: str = "") -> None:
     """Forward decode_<index>'s stream to `sender`, ending with exactly one FINAL; `wrap`
     reshapes each output tensor (a TensorRT-LLM-shaped entry model adds the batch dimension).
-    The FINAL goes out only after the BLS stream is closed: its barrier needs a live sender.
-    `label` (the request id) names the request in the server log when its stream is cut."""
+    A stream that ends MIGRATED (hybrid: the decode moved to a peer) is followed: the next
+    instance's stream continues the same response. The FINAL goes out only after the BLS
+    stream is closed: its barrier needs a live sender. `label` (the request id) names the
+    request in the server log when its stream is cut."""
     last, error, relayed = None, None, 0
     started = last_s = time.monotonic()
-    stream = decode_stream(index, handoff_bytes, sender.barrier)
-    try:
-        for resp in stream:
-            last_s = time.monotonic()
-            delta = packed_delta(resp)  # the stream keeps `resp`: its tensors stay few and small
-            outputs = user_tensors(delta)  # these go once sent
-            if wrap:
-                outputs = [wrap(t) for t in outputs]
-            if delta.finish_reason:
-                last = outputs
-                break
-            sender.send(pb_utils.InferenceResponse(output_tensors=outputs))
-            relayed += 1
-    except StepError as e:
-        error = e.error
-    finally:
-        stream.close()
+    while True:
+        moved = None
+        stream = decode_stream(index, handoff_bytes, sender.barrier)
+        try:
+            for resp in stream:
+                last_s = time.monotonic()
+                delta = packed_delta(resp)  # the stream keeps `resp`: few, small tensors
+                if delta.finish_reason == MIGRATED:
+                    moved = delta.handoff
+                    break
+                outputs = user_tensors(delta)  # these go once sent
+                if wrap:
+                    outputs = [wrap(t) for t in outputs]
+                if delta.finish_reason:
+                    last = outputs
+                    break
+                sender.send(pb_utils.InferenceResponse(output_tensors=outputs))
+                relayed += 1
+        except StepError as e:
+            error = e.error
+        finally:
+            stream.close()
+        if moved is None:
+            break
+        try:  # sealed by the instance it left: only this run's instances can move a request
+            index = open_message(Handoff, moved).decode_index
+        except MessageError as e:
+            error = pb_utils.TritonError(f"decode_{index}: bad hand-off of a moved decode: {e}")
+            break
+        handoff_bytes = np.array([moved.encode()], dtype=np.object_)
     if error is not None:
         sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
     elif last is not None:

@@ -24,8 +24,9 @@ from bucketserve.serving.core.messages import (
 )
 from bucketserve.serving.core.model_info import model_info
 from bucketserve.serving.core.notify import FinishListener, socket_path
+from bucketserve.serving.core.roles_file import HybridControl
 from bucketserve.serving.core.scheduler_core import SchedulerCore, Waiting
-from bucketserve.serving.models.metrics import PlacementMetrics, SchedulerMetrics
+from bucketserve.serving.models.metrics import HybridMetrics, PlacementMetrics, SchedulerMetrics
 from bucketserve.serving.models.overload import Admission
 from bucketserve.serving.models.triton_io import (
     array_input,
@@ -79,9 +80,14 @@ class Metrics:
         instances = [f"prefill{i}" for i in range(len(cfg.engine_prefill_devices))]
         instances += [f"decode{i}" for i in range(len(cfg.decode_devices))]
         self.placement = PlacementMetrics(instances)
+        self.hybrid = HybridMetrics() if cfg.is_hybrid else None
         self.decision = self.sched.decision
         self.batch = self.sched.batch
         self.placed = self.placement.batch
+
+    def roles(self, layout: int, changed: bool) -> None:
+        if self.hybrid is not None:
+            self.hybrid.set(layout, changed)
 
 
 class SchedulerModel:
@@ -95,13 +101,15 @@ class SchedulerModel:
         sched = make_scheduler(self.cfg.policy, sched_cfg, time.monotonic)
         self.cluster = ClusterStats(self.cfg)
         self.admission = Admission(self.cfg, max_model_len)  # bounded queue: busy beyond
+        self.metrics = Metrics(self.cfg)
         self.core = SchedulerCore(
             sched, self.cluster.view, call_prefill, send_handoff, send_error,
-            len(self.cfg.engine_prefill_devices), Metrics(self.cfg), self.cfg.iteration_tokens if self.cfg.is_colocated else 0,
+            len(self.cfg.engine_prefill_devices), self.metrics, self.cfg.iteration_tokens if self.cfg.is_colocated else 0,
             PrefixIndex() if self.cfg.enable_prefix_caching else None,
+            HybridControl(self.cfg) if self.cfg.is_hybrid else None,
         )  # fmt: skip
         self.listener = FinishListener(
-            socket_path(self.cfg.run_dir, self.cfg.run_id), self.core.finished
+            socket_path(self.cfg.run_dir, self.cfg.run_id), self.core.finished, self.core.moved
         )
         self.notices = threading.Thread(
             target=self.listener.serve, name="scheduler-notices", daemon=True
