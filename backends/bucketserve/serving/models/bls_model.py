@@ -18,7 +18,13 @@ import triton_python_backend_utils as pb_utils
 from bucketserve.serving.config import ServeConfig
 from bucketserve.serving.contract import INPUT_NAMES, GenerateParams
 from bucketserve.serving.core.bls_stream import KEEPER
-from bucketserve.serving.core.messages import KIND_GENERATE, Handoff, open_message, seal_message
+from bucketserve.serving.core.messages import (
+    KIND_GENERATE,
+    KIND_STOP,
+    Handoff,
+    open_message,
+    seal_message,
+)
 from bucketserve.serving.models.guarded_sender import GuardedSender
 from bucketserve.serving.models.router_model import StepError, broadcast_stop, call, relay
 from bucketserve.serving.models.triton_io import bytes_tensor, model_parameter, route_logging
@@ -106,6 +112,8 @@ class BlsModel:
         for resp in call("scheduler", pre.output_tensors(), ["_handoff"], sender.barrier):
             raw = pb_utils.get_output_tensor_by_name(resp, "_handoff").as_numpy()
         handoff = open_message(Handoff, raw.reshape(-1)[0])
+        if handoff.kind == KIND_STOP:  # the front's stop names a request, not an instance:
+            broadcast_stop(range(1, self.num_decode), raw, sender.barrier)  # decode_0 below
         # the decode instance the scheduler placed it on (a cancelled hand-off: any answers)
         index = handoff.decode_index if handoff.kind == KIND_GENERATE else 0
         # decode answers packed: docs/platform-notes.md#p26-bls-responses-kept-until-the-stream-ends

@@ -1,0 +1,196 @@
+"""The hybrid topology on a real server: colocated instances whose prompt-token budgets the
+scheduler's role controller sets, and decodes that move between instances through the KV
+hand-off. A moved decode answers exactly as one that stayed (greedy text, counts, log-probs,
+stop strings, streaming, both entry models); a client that leaves mid-move gets every block
+back; the budgets are in the metrics, and the adaptive controller changes them when the
+binding SLO changes."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import re
+import threading
+import time
+
+import pytest
+import requests
+
+from .conftest import start_server
+from .helpers import generate, metric_value, stream_events, wait_all_blocks_free
+
+pytestmark = pytest.mark.server
+
+MOVE = {"tpot_slo_ms": 0.001}  # no step meets this: a decode leaves at the first check
+STAY = {"tpot_slo_ms": 1e6}
+PROMPTS = [
+    "Write a short poem about the sea.",
+    "List three uses of copper.",
+    "Explain what a hash table is in two sentences.",
+    "What is the capital of France?",
+]
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """Two instances in the fixed split layout: decode0 prefill-heavy, decode1 decode-only."""
+    srv = start_server(tmp_path_factory, topology="hybrid", hybrid_layout=1)
+    yield srv
+    srv.stop()
+
+
+def body(prompt: str, **extra) -> dict:
+    return {"text_input": prompt, "max_tokens": 40, "temperature": 0.0,
+            "apply_chat_template": True, **extra}  # fmt: skip
+
+
+def budgets(server) -> dict[str, float]:
+    text = requests.get(server.metrics_url, timeout=10).text
+    found = re.findall(r'^bucketserve_instance_token_budget\{instance="(\w+)"\} (\S+)$', text, re.M)
+    return {inst: float(v) for inst, v in found}
+
+
+def layout(server) -> float:
+    return metric_value(server, "bucketserve_hybrid_layout")
+
+
+@pytest.mark.parametrize("model", ["bucketserve", "bucketserve_bls"])
+def test_hybrid_answers_paris(hybrid, model):
+    r = generate(hybrid, body("What is the capital of France?", max_tokens=16), model=model)
+    assert r.status_code == 200, r.text
+    assert "Paris" in r.json()["text_output"]
+
+
+def test_budgets_and_layout_are_in_the_metrics(hybrid):
+    deadline = time.monotonic() + 10
+    while budgets(hybrid) != {"decode0": 2048.0, "decode1": 0.0}:
+        assert time.monotonic() < deadline, budgets(hybrid)
+        time.sleep(0.1)
+    assert layout(hybrid) == 1
+
+
+@pytest.mark.parametrize("model", ["bucketserve", "bucketserve_bls"])
+def test_a_moved_decode_answers_as_one_that_stayed(hybrid, model):
+    moved_before = metric_value(hybrid, "bucketserve_migrations_out_total")
+    for prompt in PROMPTS:
+        stayed = generate(hybrid, body(prompt, **STAY), model=model).json()
+        moved = generate(hybrid, body(prompt, **MOVE), model=model).json()
+        for key in ("text_output", "finish_reason", "num_output_tokens", "num_input_tokens"):
+            assert moved[key] == stayed[key], (prompt, key, moved, stayed)
+    deadline = time.monotonic() + 5  # decode publishes its counters every 0.25 s
+    while metric_value(hybrid, "bucketserve_migrations_out_total") < moved_before + len(PROMPTS):
+        assert time.monotonic() < deadline, "the tight-TPOT requests did not move"
+        time.sleep(0.1)
+    assert metric_value(hybrid, "bucketserve_migrations_in_total") >= len(PROMPTS)
+    waited, blocks = wait_all_blocks_free(hybrid, timeout_s=10)
+    assert all(free == total for free, total in blocks.values()), blocks
+
+
+@pytest.mark.parametrize("model", ["bucketserve", "bucketserve_bls"])
+def test_a_moved_stream_is_the_whole_answer(hybrid, model):
+    prompt = PROMPTS[0]
+    whole = generate(hybrid, body(prompt, **STAY), model=model).json()["text_output"]
+    events = stream_events(hybrid, body(prompt, **MOVE), model=model)
+    assert len(events) > 1
+    assert "".join(e["text_output"] for e in events) == whole
+    assert events[-1]["finish_reason"] == "length" and events[-1]["num_output_tokens"] == 40
+
+
+def test_log_probs_and_echo_survive_the_move(hybrid):
+    extra = {"return_log_probs": True, "exclude_input_in_output": False}
+    stayed = generate(hybrid, body(PROMPTS[1], **STAY, **extra)).json()
+    moved = generate(hybrid, body(PROMPTS[1], **MOVE, **extra)).json()
+    assert moved["text_output"] == stayed["text_output"]
+    assert stayed["text_output"].count("List three uses") == 1  # the echoed prompt, once
+    n = stayed["num_output_tokens"]
+    assert len(moved["output_log_probs"]) == len(stayed["output_log_probs"]) == n > 1
+    assert moved["output_log_probs"] == pytest.approx(stayed["output_log_probs"], abs=1e-3)
+    assert moved["cum_log_probs"] == pytest.approx(stayed["cum_log_probs"], abs=1e-2)
+
+
+def test_a_stop_string_after_the_move_ends_it(hybrid):
+    whole = generate(hybrid, body(PROMPTS[2], **STAY)).json()["text_output"]
+    words = [w for w in whole.split()[len(whole.split()) // 2 :] if len(w) > 3]
+    word = words[0]  # a word well after the first tokens (the move happens at the first)
+    stayed = generate(hybrid, body(PROMPTS[2], stop_words=[word], **STAY)).json()
+    moved = generate(hybrid, body(PROMPTS[2], stop_words=[word], **MOVE)).json()
+    assert moved["text_output"] == stayed["text_output"] == whole[: whole.index(word)]
+    assert moved["finish_reason"] == "stop"
+
+
+def test_concurrent_moves_lose_nothing(hybrid):
+    with cf.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(generate, hybrid, body(f"Tell story number {i}.", **MOVE,
+                                                      max_tokens=32, min_tokens=32))
+                   for i in range(12)]  # fmt: skip
+        replies = [f.result() for f in futures]
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    assert all(r.json()["num_output_tokens"] == 32 for r in replies)
+    waited, blocks = wait_all_blocks_free(hybrid, timeout_s=10)
+    assert all(free == total for free, total in blocks.values()), blocks
+
+
+@pytest.mark.parametrize("model", ["bucketserve", "bucketserve_bls"])
+def test_clients_that_leave_during_moves_free_every_block(hybrid, model):
+    url = f"http://{hybrid.http_url}/v2/models/{model}/generate_stream"
+    started, release = threading.Barrier(7, timeout=300), threading.Event()
+
+    def one(i: int) -> None:
+        payload = body(f"Tell a long story number {i}.", max_tokens=400, min_tokens=400,
+                       stream=True, **MOVE)  # fmt: skip
+        with requests.post(url, json=payload, stream=True, timeout=300) as r:
+            lines = r.iter_lines()
+            while not next(lines).startswith(b"data: "):
+                pass
+            started.wait()
+            release.wait(300)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    started.wait()
+    release.set()
+    for t in threads:
+        t.join()
+    waited, blocks = wait_all_blocks_free(hybrid, timeout_s=10)
+    print(f"hybrid disconnect ({model}): all KV blocks free {waited:.2f}s after: {blocks}")
+    assert all(free == total for free, total in blocks.values()), blocks
+
+
+def test_adaptive_roles_follow_the_binding_slo(tmp_path_factory):
+    """The controller splits the instances when TPOT is what misses (decode interference) and
+    goes back to every instance mixed when TTFT misses (too little prefill)."""
+    srv = start_server(tmp_path_factory, topology="hybrid", hybrid_period_s=1.0)
+    try:
+        wait_layout(srv, 0)
+        assert all(b > 0 for b in budgets(srv).values()), budgets(srv)  # all mixed
+        drive(srv, {"tpot_slo_ms": 0.001, "ttft_slo_ms": 1e6}, want_layout=1)
+        deadline = time.monotonic() + 5
+        while budgets(srv) != {"decode0": 2048.0, "decode1": 0.0}:  # the instances follow
+            assert time.monotonic() < deadline, budgets(srv)
+            time.sleep(0.1)
+        drive(srv, {"tpot_slo_ms": 1e6, "ttft_slo_ms": 0.001}, want_layout=0)
+        assert metric_value(srv, "bucketserve_role_changes_total") >= 2
+        waited, blocks = wait_all_blocks_free(srv, timeout_s=10)
+        assert all(free == total for free, total in blocks.values()), blocks
+    finally:
+        srv.stop()
+
+
+def wait_layout(server, want: int) -> None:
+    """Until the scheduler reports `want` and both instances their budgets (published every
+    0.25 / 0.5 s)."""
+    deadline = time.monotonic() + 10
+    while (layout(server), set(budgets(server))) != (want, {"decode0", "decode1"}):
+        assert time.monotonic() < deadline, (layout(server), budgets(server))
+        time.sleep(0.1)
+
+
+def drive(server, slo: dict, want_layout: int, timeout_s: float = 150) -> None:
+    """Short requests with these SLOs, six at a time, until the layout is `want_layout`."""
+    deadline = time.monotonic() + timeout_s
+    with cf.ThreadPoolExecutor(6) as pool:
+        while layout(server) != want_layout:
+            assert time.monotonic() < deadline, f"layout stayed {layout(server)}"
+            batch = [pool.submit(generate, server, body(f"Count to {i}.", max_tokens=8, **slo))
+                     for i in range(6)]  # fmt: skip
+            assert all(f.result().status_code == 200 for f in batch)
