@@ -4,7 +4,9 @@ Replays every (label, rate) request file of `perf/load/compare.py --topologies .
 send times, prompt and output lengths, SLOs) through the simulator with latency models fitted
 to the CPU engine: `bucketserve@disaggregated` as one prefill and one decode instance on one
 thread each, `bucketserve@colocated` as one chunked instance (Sarathi-style fused iterations of 64 tokens)
-on both threads, `@colocatedx2` as two such instances of 32 tokens on one thread each. One constant the engine fit cannot see, the per-request
+on both threads, `@colocatedx2` as two such instances of 32 tokens on one thread each, `@hybrid`
+as two hybrid instances of one thread (budgets 32 mixed / 2,048 prefill-heavy / 0, the
+adaptive RoleController and slack migration the server runs). One constant the engine fit cannot see, the per-request
 path outside the engine (tokenizer, Triton hops, first response), is estimated per label as
 the TTFT gap at its lowest rate and added to every simulated TTFT (`sim/validate.py`).
 Prints per-rate attainment (measured vs simulated) and goodput@90 per run, as Markdown.
@@ -35,12 +37,16 @@ DEPLOYMENTS = {
     "disaggregated": (ONE_THREAD, 0, 0),  # 1P1D, one thread each
     "colocated": (TWO_THREADS, 1, 64),  # one instance on both cores
     "colocatedx2": (ONE_THREAD, 2, 32),  # two instances, one core each
+    "hybrid": (ONE_THREAD, 2, 32),  # two hybrid instances, one core each, adaptive roles
 }
 
 
 def cluster_for(topology: str) -> ClusterSpec:
     blocks = POOL_BYTES // (BLOCK * SMOLLM2.kv_bytes_per_token)
     _, instances, chunk = DEPLOYMENTS[topology]
+    if topology == "hybrid":
+        return ClusterSpec(blocks, SMOLLM2.kv_bytes_per_token, BLOCK, 1, 1, instances,
+                           topology="hybrid", chunk_tokens=chunk, adaptive_roles=True)  # fmt: skip
     if instances:
         return ClusterSpec(blocks, SMOLLM2.kv_bytes_per_token, BLOCK, 1, 1, instances,
                            topology="chunked", chunk_tokens=chunk)  # fmt: skip

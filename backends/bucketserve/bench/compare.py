@@ -79,13 +79,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument(
         "--topologies", default="disaggregated",
-        help="comma-separated server topologies (disaggregated, colocated, colocatedx2 = two colocated instances): each policy runs "
+        help="comma-separated server topologies (disaggregated, colocated, colocatedx2 = two colocated instances, hybrid = two hybrid instances with adaptive roles): each policy runs "
         "in each; labels become policy@topology when more than one",
     )  # fmt: skip
     p.add_argument(
         "--chunk-tokens", type=int, default=0, help="colocated: tokens/iteration (0: auto)"
     )
-    p.add_argument("--workload", choices=("alpaca", "longbench", "mixed", "sharegpt"))
+    p.add_argument("--workload", choices=("alpaca", "longbench", "mixed", "phased", "sharegpt"))
     p.add_argument("--profile", choices=("paper", "cpu"))
     p.add_argument("--input-cap", type=int, help="prompt truncation (tokens)")
     p.add_argument("--arrival", default="poisson", choices=("poisson", "gamma", "trace"))
@@ -208,8 +208,9 @@ def select_targets(a: argparse.Namespace, pre: Preset) -> tuple[list[Target], li
 
 
 def topology_overrides(topology: str, a: argparse.Namespace) -> dict:
-    """ServeConfig overrides of one --topologies entry: "disaggregated", "colocated", or
-    "colocatedxN" (N colocated CPU instances, the cores split among them)."""
+    """ServeConfig overrides of one --topologies entry: "disaggregated", "colocated",
+    "colocatedxN" (N colocated CPU instances, the cores split among them), or "hybrid" (an
+    instance per device of both roles, adaptive roles)."""
     name, _, count = topology.partition("x")
     if name == "disaggregated":  # named: the server's default is auto (colocated)
         return dict(DISAGGREGATED)

@@ -111,6 +111,8 @@ class RunSummary:
     prefill_busy_s: float | None = None  # sum of prefill batch latencies the scheduler saw
     load_avg: float | None = None  # 1-min load average of the host during the run
     idle_wait_s: float | None = None  # server drain after the run (None: not idle in time)
+    role_changes: float | None = None  # hybrid: layout changes of the role controller
+    migrations: float | None = None  # hybrid: decodes moved between instances
 
 
 def summarize(

@@ -51,6 +51,8 @@ class ServerDelta:
     prefill_batch_size_sum: float
     prefill_batch_s_sum: float
     generation_tokens: float
+    role_changes: float = 0.0  # hybrid
+    migrations: float = 0.0  # hybrid
 
     @property
     def sched_s_per_request(self) -> float | None:
@@ -79,6 +81,8 @@ def delta(before: dict, after: dict) -> ServerDelta:
         prefill_batch_size_sum=d("bucketserve_prefill_batch_size_sum"),
         prefill_batch_s_sum=d("bucketserve_prefill_batch_seconds_sum"),
         generation_tokens=d("bucketserve_generation_tokens_total"),
+        role_changes=d("bucketserve_role_changes_total"),
+        migrations=d("bucketserve_migrations_out_total"),
     )
 
 

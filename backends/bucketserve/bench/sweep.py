@@ -98,6 +98,7 @@ def measure_rate(
     s.mean_prefill_batch = server.mean_prefill_batch
     s.prefill_batches, s.prefill_busy_s = server.prefill_batches, server.prefill_batch_s_sum
     s.load_avg = (load_before + os.getloadavg()[0]) / 2
+    s.role_changes, s.migrations = server.role_changes, server.migrations
     s.idle_wait_s = prom.wait_idle(srv.metrics_url, IDLE_TIMEOUT_S)
     return s, records
 

@@ -31,9 +31,15 @@ from bucketserve.bench.textsource import TextSource
 
 CHAT_HEADER = "Explain this passage from the Python documentation in simple words.\n\n"
 SUMMARY_HEADER = "Summarize the following document from the Python documentation.\n\n"
-WORKLOADS = ("alpaca", "longbench", "mixed", "sharegpt")
+WORKLOADS = ("alpaca", "longbench", "mixed", "phased", "sharegpt")
 PROFILES = ("paper", "cpu")
 MIXED_LONG_SHARE = 0.2  # Mixed = 80 % Alpaca-like + 20 % LongBench-like requests
+# Phased: Mixed's sources, the LongBench-like share switching every PHASE_REQUESTS requests
+# between a long-heavy phase and an Alpaca-only one (mean = Mixed's share). The simulator's
+# phased switches by time (sim/workload.py PHASE_S); a load run's send times scale with its
+# rate, so here a phase is a number of requests (at 1 req/s, 30 s).
+PHASE_REQUESTS = 30
+PHASE_LONG_SHARES = (2 * MIXED_LONG_SHARE, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,7 @@ class Workload:
     name: str
     sources: tuple[Source, ...]
     weights: tuple[float, ...]
+    phases: tuple[tuple[float, ...], ...] = ()  # weights per phase of PHASE_REQUESTS requests
 
     def describe(self) -> list[str]:
         lines = []
@@ -107,6 +114,12 @@ class Workload:
                 f"{src.name} ({w:.0%}): input {src.input.describe()}; output "
                 f"{src.output.describe()}; SLO {src.describe_slo()}"
             )
+        if self.phases:
+            shares = " / ".join(
+                ", ".join(f"{s.name} {w:.0%}" for s, w in zip(self.sources, ph, strict=True))
+                for ph in self.phases
+            )  # fmt: skip
+            lines.append(f"phases of {PHASE_REQUESTS} requests, in turn: {shares}")
         return lines
 
 
@@ -183,9 +196,10 @@ def workload(name: str, profile: str = "cpu", input_cap: int | None = None) -> W
     """alpaca | longbench | mixed | sharegpt in a profile."""
     if name not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {name!r}")
-    if name == "mixed":
+    if name in ("mixed", "phased"):
         parts = (source("alpaca", profile, input_cap), source("longbench", profile, input_cap))
-        return Workload(name, parts, (1.0 - MIXED_LONG_SHARE, MIXED_LONG_SHARE))
+        phases = tuple((1.0 - s, s) for s in PHASE_LONG_SHARES) if name == "phased" else ()
+        return Workload(name, parts, (1.0 - MIXED_LONG_SHARE, MIXED_LONG_SHARE), phases)
     return Workload(name, (source(name, profile, input_cap),), (1.0,))
 
 
@@ -193,6 +207,11 @@ def sample_lengths(wl: Workload, n: int, seed: int) -> tuple[np.ndarray, np.ndar
     """(source index, input length, output length) per request; deterministic for a seed."""
     rng = np.random.default_rng(seed)
     which = rng.choice(len(wl.sources), size=n, p=np.asarray(wl.weights) / sum(wl.weights))
+    if wl.phases:  # the source of request i by its phase's weights (one uniform draw each)
+        cum = np.cumsum(np.asarray(wl.phases) / np.sum(wl.phases, axis=1, keepdims=True), axis=1)
+        phase = (np.arange(n) // PHASE_REQUESTS) % len(wl.phases)
+        u = np.random.default_rng([seed, 3]).random(n)
+        which = np.minimum((u[:, None] >= cum[phase]).sum(axis=1), len(wl.sources) - 1)
     ins = np.zeros(n, dtype=np.int64)
     outs = np.zeros(n, dtype=np.int64)
     for k, src in enumerate(wl.sources):
