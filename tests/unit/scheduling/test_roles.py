@@ -76,3 +76,22 @@ def test_bad_settings_name_the_field():
         RoleController(2, mixed_budget=2048)
     with pytest.raises(ValueError, match="target"):
         RoleController(2, target=0.0)
+
+
+def test_the_migration_rule_counts_the_next_step():
+    from bucketserve.scheduling.roles import SLACK, out_of_slack
+
+    # 10 tokens in 0.5 s, SLO 0.1 s: a 0.3 s step next makes 0.08 s/token (< 0.09): stays
+    assert not out_of_slack(0.5, 0.3, 10, 0.1)
+    # a 0.5 s step (a prefill-heavy iteration) makes 0.1 > SLACK x 0.1: leaves
+    assert out_of_slack(0.5, 0.5, 10, 0.1)
+    assert out_of_slack(0.0, 0.1, 1, 0.1) == (0.1 > SLACK * 0.1)
+    assert not out_of_slack(5.0, 5.0, 0, 0.1)  # no token out yet: nothing to judge
+
+
+def test_fixed_layouts_match_the_controllers():
+    from bucketserve.scheduling.roles import fixed_budgets
+
+    c = RoleController(3, mixed_budget=32, heavy_budget=2048)
+    for k in range(3):
+        assert fixed_budgets(3, k, 32, 2048) == c.budgets(k)
