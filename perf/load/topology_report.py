@@ -4,15 +4,21 @@ Per (label, rate): SLO attainment, TTFT and TPOT p50/p90, requests lost, and a s
 check of the send window: a run is flagged when its last third attains clearly less than its
 first two thirds (a growing backlog) or when its median TTFT in the last third is more than
 twice the first third's. Per label: goodput@90 per seed (the highest rate at 90 % attainment,
-interpolated; bench.metrics.goodput), their mean and a 95 % t-interval, and the ratio of the
-colocated to the disaggregated goodput paired by seed.
+interpolated; bench.metrics.goodput), their mean and a 95 % t-interval, and the ratios paired
+by seed: every other topology over disaggregated, and hybrid over each colocated label. For
+hybrid runs, the role controller's layout changes and the decodes moved per rate (from each
+run's summary.csv, the server's own counters).
 
     .venv/bin/python perf/load/topology_report.py perf/results/2026-12-03-*-topology-seed*
+
+A seed may come from several runs (more rates on a second server start): name its folders
+joined by commas, e.g. `...-seed0,...-hi-seed0`.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import statistics
@@ -60,12 +66,20 @@ def run_stats(rows: list[dict]) -> dict:
 def load(runs: list[Path]) -> dict[str, dict[int, dict[float, dict]]]:
     """{label: {seed: {rate: stats}}}."""
     out: dict[str, dict[int, dict[float, dict]]] = {}
-    for seed, run in enumerate(runs):
-        for path in sorted((run / "requests").glob("*_rate*.jsonl")):
+    for seed, group in enumerate(runs):
+        paths = [
+            p for run in folders(group) for p in sorted((run / "requests").glob("*_rate*.jsonl"))
+        ]
+        for path in paths:
             label, rate = path.stem.rsplit("_rate", 1)
             rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
             out.setdefault(label, {}).setdefault(seed, {})[float(rate)] = run_stats(rows)
     return out
+
+
+def folders(group: Path) -> list[Path]:
+    """The run folders of one seed: `a,b` names two."""
+    return [Path(x) for x in str(group).split(",")]
 
 
 def mean_ci(values: list[float]) -> str:
@@ -107,12 +121,39 @@ def main(argv: list[str] | None = None) -> int:
     labels = sorted(good)
     disagg = [x for x in labels if x.endswith("@disaggregated")]
     pairs = [(c, d) for d in disagg for c in labels
-             if "@colocated" in c and c.split("@")[0] == d.split("@")[0]]  # fmt: skip
+             if c != d and c.split("@")[0] == d.split("@")[0]]  # fmt: skip
+    pairs += [(h, c) for h in labels if h.endswith("@hybrid") for c in labels
+              if "@colocated" in c and c.split("@")[0] == h.split("@")[0]]  # fmt: skip
     for c, d in pairs:
         ratios = [good[c][s] / good[d][s] for s in good[c] if good[d].get(s)]
         if ratios:
             print(f"{c} / {d}: {mean_ci(ratios)}x (paired by seed: {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
+    roles = role_counts(a.runs)
+    if roles:
+        print()
+        for (label, rate), per_seed in sorted(roles.items()):
+            changes = " / ".join(f"{c:g}" for c, _ in per_seed)
+            moves = " / ".join(f"{m:g}" for _, m in per_seed)
+            print(f"{label} rate {rate:g}: layout changes {changes}, decodes moved {moves} (seeds)")
     return 0
+
+
+def role_counts(runs: list[Path]) -> dict[tuple[str, float], list[tuple[float, float]]]:
+    """{(label, rate): [(role changes, migrations) per seed]} of the runs that had any."""
+    out: dict[tuple[str, float], list[tuple[float, float]]] = {}
+    for run in [r for group in runs for r in folders(group)]:
+        path = run / "summary.csv"
+        if not path.exists():
+            continue
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if row.get("role_changes") in (None, "") or "@hybrid" not in row["label"]:
+                    continue
+                key = (row["label"], float(row["offered_rate"]))
+                out.setdefault(key, []).append(
+                    (float(row["role_changes"]), float(row["migrations"]))
+                )
+    return out
 
 
 if __name__ == "__main__":

@@ -88,6 +88,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workload", choices=("alpaca", "longbench", "mixed", "phased", "sharegpt"))
     p.add_argument("--profile", choices=("paper", "cpu"))
     p.add_argument("--input-cap", type=int, help="prompt truncation (tokens)")
+    p.add_argument(
+        "--tpot-slo-ms", type=float,
+        help="one TPOT SLO for every request instead of its source's (sent with each request)",
+    )  # fmt: skip
     p.add_argument("--arrival", default="poisson", choices=("poisson", "gamma", "trace"))
     p.add_argument("--cv", type=float, default=2.0, help="Gamma CV (bursty arrivals)")
     p.add_argument(
@@ -153,6 +157,9 @@ def make_requests(a: argparse.Namespace, pre: Preset, text: TextSource):
     arr = Arrivals(a.arrival, cv=a.cv if a.arrival == "gamma" else 1.0)
     reqs = build_requests(wl, n, a.seed, text)
     slo_lines = [f"{src.name}: {src.describe_slo()}" for src in wl.sources]
+    if a.tpot_slo_ms:
+        reqs = [replace(r, tpot_slo_s=a.tpot_slo_ms / 1e3) for r in reqs]
+        slo_lines.append(f"TPOT SLO of every request: {a.tpot_slo_ms:g} ms (--tpot-slo-ms)")
     return reqs, arr.send_times(n, 1.0, a.seed), arr.describe(), wl.describe(), slo_lines
 
 
