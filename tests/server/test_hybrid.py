@@ -8,6 +8,7 @@ binding SLO changes."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import re
 import threading
 import time
@@ -15,8 +16,8 @@ import time
 import pytest
 import requests
 
-from .conftest import start_server
-from .helpers import generate, metric_value, stream_events, wait_all_blocks_free
+from .conftest import free_port, start_server
+from .helpers import generate, metric_value, openai_client, stream_events, wait_all_blocks_free
 
 pytestmark = pytest.mark.server
 
@@ -33,7 +34,8 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
     """Two instances in the fixed split layout: decode0 prefill-heavy, decode1 decode-only."""
-    srv = start_server(tmp_path_factory, topology="hybrid", hybrid_layout=1)
+    srv = start_server(tmp_path_factory, topology="hybrid", hybrid_layout=1,
+                       openai_port=free_port())  # fmt: skip
     yield srv
     srv.stop()
 
@@ -154,6 +156,32 @@ def test_clients_that_leave_during_moves_free_every_block(hybrid, model):
     waited, blocks = wait_all_blocks_free(hybrid, timeout_s=10)
     print(f"hybrid disconnect ({model}): all KV blocks free {waited:.2f}s after: {blocks}")
     assert all(free == total for free, total in blocks.values()), blocks
+
+
+def test_openai_chat_on_hybrid(hybrid):
+    reply = openai_client(hybrid).chat.completions.create(
+        model="smollm2", max_tokens=16, temperature=0,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )  # fmt: skip
+    assert "Paris" in reply.choices[0].message.content
+
+
+def test_the_prefill_heavy_instance_caches_prefixes(hybrid):
+    prompt = "Summarize: " + " ".join(f"item {i} is on shelf {i % 7};" for i in range(120))
+    first = generate(hybrid, body(prompt, max_tokens=8)).json()
+    second = generate(hybrid, body(prompt + " And the last one?", max_tokens=8)).json()
+    # (the chat template's system prompt may be cached from earlier requests already)
+    assert second["num_cached_tokens"] >= first["num_cached_tokens"] + 512, (first, second)
+
+
+def test_a_guided_decode_stays_and_validates(hybrid):
+    import jsonschema
+    from bucketserve.bench.schemas import PERSON
+
+    r = generate(hybrid, body("Describe a person as JSON.", max_tokens=200, **MOVE,
+                              sampling_parameters=json.dumps({"guided_json": PERSON})))  # fmt: skip
+    assert r.status_code == 200, r.text
+    jsonschema.validate(json.loads(r.json()["text_output"]), PERSON)
 
 
 def test_adaptive_roles_follow_the_binding_slo(tmp_path_factory):

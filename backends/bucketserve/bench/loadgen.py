@@ -31,6 +31,9 @@ class LoadConfig:
     drain_s: float = 120.0
     temperature: float = 0.0
     seed: int = 0
+    # a prefix-cache namespace for the run: runs that resend the same prompts to one server
+    # (a sweep's rates) must not find each other's KV cached ("": the server's default)
+    cache_salt: str = ""
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0 or self.drain_s <= 0:
@@ -52,7 +55,8 @@ def _tensor(name: str, dtype: str, value) -> grpcclient.InferInput:
 
 def make_inputs(req: BenchRequest, cfg: LoadConfig) -> list[grpcclient.InferInput]:
     """The tensors of one request: output length enforced by min_tokens = max_tokens."""
-    return [
+    salt = [_tensor("cache_salt", "BYTES", cfg.cache_salt.encode())] if cfg.cache_salt else []
+    return salt + [
         _tensor("text_input", "BYTES", req.prompt.encode()),
         _tensor("max_tokens", "INT32", req.output_tokens),
         _tensor("min_tokens", "INT32", req.output_tokens),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,6 +86,9 @@ def measure_rate(
         max_requests=plan.max_requests,
         temperature=plan.temperature,
         seed=plan.seed,
+        # every rate resends the same prompts to this server: a fresh salt keeps the previous
+        # rate's cached prefixes from serving this one (sharing within the run stays)
+        cache_salt=f"sweep-{secrets.token_hex(6)}",
     )
     before = prom.scrape(srv.metrics_url)
     load_before = os.getloadavg()[0]
