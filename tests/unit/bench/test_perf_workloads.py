@@ -101,3 +101,25 @@ def test_the_simulator_and_the_load_generator_share_one_length_model():
     # the cpu profile scales the shared outputs: Alpaca median 12 / mean 16 as measured runs drew
     cpu = workloads.source("alpaca", "cpu").output
     assert (cpu.median, cpu.mean) == (12, 16)
+
+
+def test_phased_switches_its_long_share_every_phase():
+    from bucketserve.bench.workloads import PHASE_LONG_SHARES, PHASE_REQUESTS
+
+    wl = workload("phased", "cpu")
+    which, _, _ = sample_lengths(wl, PHASE_REQUESTS * 400, seed=5)
+    blocks = which.reshape(-1, PHASE_REQUESTS).mean(axis=1)  # share of long per phase
+    assert abs(blocks[0::2].mean() - PHASE_LONG_SHARES[0]) < 0.02
+    assert blocks[1::2].max() == PHASE_LONG_SHARES[1] == 0.0
+    assert (sample_lengths(wl, 90, seed=5)[0] == which[:90]).all()  # a prefix of the same list
+
+
+def test_a_sweep_run_can_name_its_own_prefix_cache_namespace():
+    from bucketserve.bench.loadgen import LoadConfig, make_inputs
+    from bucketserve.bench.workloads import BenchRequest
+
+    req = BenchRequest(0, "alpaca", "hello", 1, 4, 2.0, 0.15)
+    names = [t.name() for t in make_inputs(req, LoadConfig())]
+    assert "cache_salt" not in names
+    salted = {t.name(): t for t in make_inputs(req, LoadConfig(cache_salt="run-a"))}
+    assert "cache_salt" in salted and "ttft_slo_ms" in salted
