@@ -110,13 +110,21 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sum(x['lost'] for x in st)} | {sum(x['steady'] for x in st)}/{len(st)} |")  # fmt: skip
     print()
     good: dict[str, dict[int, float]] = {}
+    censored: dict[str, int] = {}
+    exact: dict[str, set[int]] = {}
     for label, seeds in data.items():
         for seed, rates in seeds.items():
             rs = sorted(rates)
             g = goodput(rs, [rates[r]["attainment"] for r in rs], a.target)
             good.setdefault(label, {})[seed] = g.rate
+            censored[label] = censored.get(label, 0) + (g.kind != "interpolated")
+            if g.kind == "interpolated":
+                exact.setdefault(label, set()).add(seed)
             print(f"{label} seed {seed}: goodput@{a.target:g} {g.label()} req/s ({g.kind})")
     for label, by_seed in good.items():
+        if censored[label]:  # a bound is not a value: no mean over it
+            print(f"{label}: goodput@{a.target:g} outside the measured rates in {censored[label]} of {len(by_seed)} seeds: no mean")  # fmt: skip
+            continue
         print(f"{label}: goodput@{a.target:g} {mean_ci(list(by_seed.values()))} req/s (95 % t-interval, {len(by_seed)} seeds)")  # fmt: skip
     labels = sorted(good)
     disagg = [x for x in labels if x.endswith("@disaggregated")]
@@ -125,8 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     pairs += [(h, c) for h in labels if h.endswith("@hybrid") for c in labels
               if "@colocated" in c and c.split("@")[0] == h.split("@")[0]]  # fmt: skip
     for c, d in pairs:
-        ratios = [good[c][s] / good[d][s] for s in good[c] if good[d].get(s)]
-        if ratios:
+        ratios = [good[c][s] / good[d][s] for s in good[c]
+                  if good[d].get(s) and s in exact[c] and s in exact[d]]  # fmt: skip
+        if not ratios:
+            print(f"{c} / {d}: no seed where both goodputs fall inside the measured rates")
+        else:
             print(f"{c} / {d}: {mean_ci(ratios)}x (paired by seed: {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
     roles = role_counts(a.runs)
     if roles:
