@@ -192,7 +192,7 @@ def test_adaptive_roles_follow_the_binding_slo(tmp_path_factory):
         wait_layout(srv, 0)
         assert all(b > 0 for b in budgets(srv).values()), budgets(srv)  # all mixed
         drive(srv, {"tpot_slo_ms": 0.001, "ttft_slo_ms": 1e6}, want_layout=1)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while budgets(srv) != {"decode0": 2048.0, "decode1": 0.0}:  # the instances follow
             assert time.monotonic() < deadline, budgets(srv)
             time.sleep(0.1)
@@ -206,14 +206,14 @@ def test_adaptive_roles_follow_the_binding_slo(tmp_path_factory):
 
 def wait_layout(server, want: int) -> None:
     """Until the scheduler reports `want` and both instances their budgets (published every
-    0.25 / 0.5 s)."""
-    deadline = time.monotonic() + 10
+    0.25 / 0.5 s; a loaded CI machine may take longer)."""
+    deadline = time.monotonic() + 60
     while (layout(server), set(budgets(server))) != (want, {"decode0", "decode1"}):
         assert time.monotonic() < deadline, (layout(server), budgets(server))
         time.sleep(0.1)
 
 
-def drive(server, slo: dict, want_layout: int, timeout_s: float = 150) -> None:
+def drive(server, slo: dict, want_layout: int, timeout_s: float = 300) -> None:
     """Short requests with these SLOs, six at a time, until the layout is `want_layout`."""
     deadline = time.monotonic() + timeout_s
     with cf.ThreadPoolExecutor(6) as pool:

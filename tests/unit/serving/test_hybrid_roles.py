@@ -160,7 +160,7 @@ def test_a_decode_out_of_slack_moves_and_its_blocks_wait_for_the_ack(tmp_path):
         moved = [d for d in items if d.finish_reason == MIGRATED]
         assert [d.key for d in moved] == [1] and worker.budget == 2048
         h = moved[0].handoff
-        assert (h.pool_role, h.prefill_index, h.decode_index) == ("decode", 0, 1)
+        assert (h.source_role, h.prefill_index, h.decode_index) == ("decode", 0, 1)
         assert h.output_ids == [9, 7] and h.text_sent == 5 and h.migrations == 1
         assert [s.seq_id for s in worker.scheduler.running] == [2]
         assert blocks.num_free_blocks < free_before + len(h.block_ids)  # held for the peer

@@ -291,7 +291,7 @@ class DecodeWorker(PreemptionCounters):
             log.info("decode%d: request %s stays: %s", m.index, s.handoff.params.request_id, e)
             return
         n = seq.num_completion_tokens
-        h = replace(s.handoff, prefill_index=m.index, pool_role="decode", decode_index=dest,
+        h = replace(s.handoff, prefill_index=m.index, source_role="decode", decode_index=dest,
                     handoff_id=handoff_id, block_ids=self.scheduler.detach(seq),
                     output_ids=seq.completion_token_ids, text_sent=s.text.sent,
                     first_token_s=s.first_token_s, num_cached_tokens=self.cached(s),

@@ -41,7 +41,7 @@ class KvIntake:
     def check(self, h: Handoff) -> tuple[str, int]:
         """The source (role, index); ValueError unless the hand-off names a configured
         instance of that role (a peer, for a moved decode) and distinct blocks."""
-        if h.pool_role == "decode":
+        if h.source_role == "decode":
             n, ok = len(self.cfg.decode_devices), self.cfg.is_hybrid
             if h.prefill_index == self.own_index:
                 raise ValueError(
@@ -50,10 +50,10 @@ class KvIntake:
         else:
             n, ok = len(self.cfg.engine_prefill_devices), True
         if not ok or not 0 <= h.prefill_index < n:
-            raise ValueError(f"{h.pool_role} instance {h.prefill_index} is not one of this run's")
+            raise ValueError(f"{h.source_role} instance {h.prefill_index} is not one of this run's")
         if len(h.block_ids) != len(set(h.block_ids)):
             raise ValueError("block_ids repeat a block")
-        return h.pool_role, h.prefill_index
+        return h.source_role, h.prefill_index
 
     def pool(self, role: str, index: int):
         if (role, index) not in self.pools:

@@ -48,7 +48,7 @@ KINDS = (KIND_GENERATE, KIND_STOP, KIND_CANCELLED)
 # (hybrid): its one packed response carries the sealed hand-off the relay follows. Never
 # reaches a client.
 MIGRATED = "migrated"
-POOL_ROLES = ("prefill", "decode")
+SOURCE_ROLES = ("prefill", "decode")
 
 
 class MessageError(ValueError):
@@ -70,10 +70,10 @@ class Handoff:
     params: GenerateParams
     prompt_ids: list[int] = field(default_factory=list)
     first_token: int = -1
-    # whose KV pool holds the KV: pool_role + index (a prefill instance's prompt, or a hybrid
+    # whose KV pool holds the KV: source_role + index (a prefill instance's prompt, or a hybrid
     # instance's whole sequence when its decode moves); -1: none (colocated prompt, stop)
     prefill_index: int = -1
-    pool_role: str = "prefill"
+    source_role: str = "prefill"
     decode_index: int = 0  # the decode instance the scheduler placed it on (model decode_<i>)
     handoff_id: int = -1  # slot in that prefill instance's ack table
     block_ids: list[int] = field(default_factory=list)
@@ -85,7 +85,7 @@ class Handoff:
     num_cached_tokens: int = 0  # prompt tokens the prefill instance found in its prefix cache
     ttft_slo_s: float = 0.0  # the request's SLOs as the scheduler resolved them (0: none)
     tpot_slo_s: float = 0.0
-    # A decode moved between hybrid instances (pool_role "decode"): what it generated so far,
+    # A decode moved between hybrid instances (source_role "decode"): what it generated so far,
     # how much of its text the source's detokenizer had released, and what its relay had not
     # yet sent (the next instance's relay sends it first).
     output_ids: list[int] = field(default_factory=list)
@@ -100,13 +100,13 @@ class Handoff:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
-        if self.pool_role not in POOL_ROLES:
-            raise ValueError(f"pool_role must be one of {POOL_ROLES}, got {self.pool_role!r}")
+        if self.source_role not in SOURCE_ROLES:
+            raise ValueError(f"source_role must be one of {SOURCE_ROLES}, got {self.source_role!r}")
 
     @property
     def is_migration(self) -> bool:
         """A running decode moved here from another hybrid instance."""
-        return self.pool_role == "decode" and self.prefill_index >= 0
+        return self.source_role == "decode" and self.prefill_index >= 0
 
 
 @dataclass(slots=True)
