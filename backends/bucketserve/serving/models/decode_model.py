@@ -103,6 +103,8 @@ class DecodeModel:
         self.relay = ResponseRelay(self.worker, send, send_error, self.on_final, send_moved,
                                    self.on_moved)  # fmt: skip
         self.migration_metrics = MigrationMetrics(self.name) if self.migration else None
+        if self.migration_metrics is not None:  # the starting budget, not the gauge's 0
+            self.migration_metrics.set(self.migration, self.migration.budget)
         self.kv_metrics = KvMetrics(self.name)
         self.cache_metrics = PrefixCacheMetrics(self.name)
         self.decode_metrics = DecodeMetrics(self.name)
