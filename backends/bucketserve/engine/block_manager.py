@@ -112,7 +112,10 @@ class BlockManager:
     def allocate_for(self, seq: Sequence, num_tokens: int | None = None) -> list[int]:
         """Grow seq.block_table to cover `num_tokens` (default: all its tokens); new ids."""
         count = seq.num_tokens if num_tokens is None else num_tokens
-        new_ids = self.allocate(self.blocks_to_grow(seq, count))
+        grow = self.blocks_to_grow(seq, count)
+        if not grow:  # the common decode step: its newest token fits the last block
+            return []
+        new_ids = self.allocate(grow)
         seq.block_table.extend(new_ids)
         return new_ids
 

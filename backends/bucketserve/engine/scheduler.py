@@ -176,8 +176,10 @@ class Scheduler:
     def _grow(self) -> list[Sequence]:
         """Room for every running sequence's tokens this step; preempt from the tail if short."""
         plan = [(len(s.block_table), s.num_tokens) for s in self.running]
-        # what releasing each frees: blocks shared with others (a cached prefix) stay held
-        freed = [self.blocks.num_exclusive(s) for s in self.running]
+        # what releasing one frees: blocks shared with others (a cached prefix) stay held
+        def freed(i: int) -> int:
+            return self.blocks.num_exclusive(self.running[i])
+
         preempted = []
         for _ in range(self.memory.preemptions(plan, self.blocks.num_free_blocks, freed)):
             seq = self.running.pop()

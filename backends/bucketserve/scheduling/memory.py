@@ -5,6 +5,7 @@ scheduler, the decode worker, the offline LLMEngine and the simulator all use.""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from bucketserve.scheduling.cluster import InstanceStats
@@ -91,17 +92,18 @@ class DecodeMemory:
         return sum(max(0, blocks_for(t, self.block_size) - held) for held, t in running)
 
     def preemptions(self, running: list[tuple[int, int]], free_blocks: int,
-                    freed: list[int] | None = None) -> int:  # fmt: skip
+                    freed: Callable[[int], int] | None = None) -> int:  # fmt: skip
         """How many sequences to preempt from the tail so the others can grow this step.
 
         `running` holds (blocks held, tokens to store after this step) per sequence, highest
-        rank first; a preempted sequence needs no growth and returns `freed[i]` blocks (default:
-        all it holds; fewer when it shares a cached prefix, whose blocks others still hold)."""
+        rank first; a preempted sequence needs no growth and returns `freed(i)` blocks (default:
+        all it holds; fewer when it shares a cached prefix, whose blocks others still hold).
+        `freed` is called only for the sequences considered, i.e. never when all fit."""
         need = [max(0, blocks_for(t, self.block_size) - held) for held, t in running]
         total, k = sum(need), len(running)
         while k > 0 and total > free_blocks:
             k -= 1
-            free_blocks += running[k][0] if freed is None else freed[k]
+            free_blocks += running[k][0] if freed is None else freed(k)
             total -= need[k]
         return len(running) - k
 
