@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 
 import requests
@@ -86,3 +87,29 @@ def openai_client(server, timeout_s: float = 300):
             pass
         time.sleep(0.5)
     return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=timeout_s)
+
+
+def streams_that_leave(url: str, payloads: list[dict], while_held=lambda: None) -> None:
+    """One HTTP stream per payload; once every one has sent its first event, run
+    `while_held()`, then close them all (Triton cancels a request whose client left)."""
+    started = threading.Barrier(len(payloads) + 1, timeout=300)
+    release = threading.Event()
+
+    def one(payload: dict) -> None:
+        with requests.post(url, json={**payload, "stream": True}, stream=True, timeout=300) as r:
+            lines = r.iter_lines()
+            while not next(lines).startswith(b"data: "):
+                pass
+            started.wait()
+            release.wait(300)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in payloads]
+    for t in threads:
+        t.start()
+    try:
+        started.wait()
+        while_held()
+    finally:
+        release.set()
+        for t in threads:
+            t.join()

@@ -10,10 +10,9 @@ import uuid
 
 import numpy as np
 import pytest
-import requests
 import tritonclient.grpc as grpcclient
 
-from .helpers import kv_blocks, wait_all_blocks_free
+from .helpers import kv_blocks, streams_that_leave, wait_all_blocks_free
 
 pytestmark = pytest.mark.server
 
@@ -118,32 +117,9 @@ def test_http_disconnect(server, model):
     decoding ends on the ensemble too (Triton cancels a running ensemble step only between
     steps: docs/platform-notes.md#p19-ensemble-cancellation-stops-between-steps)."""
     url = f"http://{server.http_url}/v2/models/{model}/generate_stream"
-    started = threading.Barrier(N + 1, timeout=300)
-    release = threading.Event()
-
-    def one(i: int) -> None:
-        payload = {
-            "text_input": f"Tell a long story number {i}.",
-            "max_tokens": LONG,
-            "min_tokens": LONG,
-            "stream": True,
-        }
-        with requests.post(url, json=payload, stream=True, timeout=300) as r:
-            lines = r.iter_lines()
-            while not next(lines).startswith(b"data: "):
-                pass
-            started.wait()
-            release.wait(300)
-        # leaving the with-block closes the connection: Triton cancels the request
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(N)]
-    for t in threads:
-        t.start()
-    started.wait()
-    assert_blocks_in_use(server)
-    release.set()
-    for t in threads:
-        t.join()
+    payloads = [{"text_input": f"Tell a long story number {i}.", "max_tokens": LONG,
+                 "min_tokens": LONG} for i in range(N)]  # fmt: skip
+    streams_that_leave(url, payloads, while_held=lambda: assert_blocks_in_use(server))
     assert_blocks_return(server, f"HTTP disconnect ({model})")
 
 

@@ -10,14 +10,20 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import re
-import threading
 import time
 
 import pytest
 import requests
 
 from .conftest import free_port, start_server
-from .helpers import generate, metric_value, openai_client, stream_events, wait_all_blocks_free
+from .helpers import (
+    generate,
+    metric_value,
+    openai_client,
+    stream_events,
+    streams_that_leave,
+    wait_all_blocks_free,
+)
 
 pytestmark = pytest.mark.server
 
@@ -134,25 +140,9 @@ def test_concurrent_moves_lose_nothing(hybrid):
 @pytest.mark.parametrize("model", ["bucketserve", "bucketserve_bls"])
 def test_clients_that_leave_during_moves_free_every_block(hybrid, model):
     url = f"http://{hybrid.http_url}/v2/models/{model}/generate_stream"
-    started, release = threading.Barrier(7, timeout=300), threading.Event()
-
-    def one(i: int) -> None:
-        payload = body(f"Tell a long story number {i}.", max_tokens=400, min_tokens=400,
-                       stream=True, **MOVE)  # fmt: skip
-        with requests.post(url, json=payload, stream=True, timeout=300) as r:
-            lines = r.iter_lines()
-            while not next(lines).startswith(b"data: "):
-                pass
-            started.wait()
-            release.wait(300)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    started.wait()
-    release.set()
-    for t in threads:
-        t.join()
+    payloads = [body(f"Tell a long story number {i}.", max_tokens=400, min_tokens=400, **MOVE)
+                for i in range(6)]  # fmt: skip
+    streams_that_leave(url, payloads)
     waited, blocks = wait_all_blocks_free(hybrid, timeout_s=10)
     print(f"hybrid disconnect ({model}): all KV blocks free {waited:.2f}s after: {blocks}")
     assert all(free == total for free, total in blocks.values()), blocks

@@ -126,9 +126,11 @@ class Scheduler:
     def postprocess(self, step: ScheduledStep, tokens: list[int]) -> list[StepResult]:
         """Advance what ran, append the sampled tokens, apply the stop rule, free the done."""
         sampled = step.sampled
+        blocks, bs = self.blocks, self.blocks.block_size
         for seq in step.decodes:
             seq.num_computed_tokens += 1
-            self.blocks.cache_blocks(seq, seq.num_computed_tokens - 1, seq.num_computed_tokens)
+            if blocks.enable_caching and not seq.num_computed_tokens % bs:  # a block filled
+                blocks.cache_blocks(seq, seq.num_computed_tokens - 1, seq.num_computed_tokens)
         for chunk in step.chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
             self.blocks.cache_blocks(chunk.seq, chunk.start, chunk.start + chunk.num_tokens)
@@ -175,13 +177,21 @@ class Scheduler:
     # ---- memory -------------------------------------------------------------------------
     def _grow(self) -> list[Sequence]:
         """Room for every running sequence's tokens this step; preempt from the tail if short."""
+        bs, free = self.blocks.block_size, self.blocks.num_free_blocks
+        need = [blocks_for(s.num_tokens, bs) - len(s.block_table) for s in self.running]
+        if sum(n for n in need if n > 0) <= free:  # the common step: nobody is preempted
+            for seq, n in zip(self.running, need, strict=True):
+                if n > 0:
+                    self.blocks.allocate_for(seq, seq.num_tokens)
+            return []
         plan = [(len(s.block_table), s.num_tokens) for s in self.running]
+
         # what releasing one frees: blocks shared with others (a cached prefix) stay held
         def freed(i: int) -> int:
             return self.blocks.num_exclusive(self.running[i])
 
         preempted = []
-        for _ in range(self.memory.preemptions(plan, self.blocks.num_free_blocks, freed)):
+        for _ in range(self.memory.preemptions(plan, free, freed)):
             seq = self.running.pop()
             self.blocks.release(seq)
             seq.num_computed_tokens = 0
@@ -196,6 +206,8 @@ class Scheduler:
     def _admit(self, step: ScheduledStep, budget: int) -> None:
         """Admit waiting sequences in order while seats, blocks and the token budget last;
         leaves free the running batch's next-step growth and the watermark."""
+        if not self.waiting:
+            return
         bs = self.blocks.block_size
         growth = sum(max(0, blocks_for(s.num_tokens + 1, bs) - len(s.block_table))
                      for s in self.running)  # fmt: skip
@@ -233,6 +245,13 @@ class Scheduler:
             else:
                 seq.num_cached_tokens = seq.num_computed_tokens
         self.blocks.allocate_for(seq, seq.num_tokens)
+
+    def has_prompt_work(self) -> bool:
+        """Any prompt still to prefill here (a cheap prompt_backlog() > 0 for a hot path: a
+        waiting sequence without KV counts even if all but its last token is cached)."""
+        return any(not s.num_computed_tokens for s in self.waiting) or any(
+            s.num_uncomputed_tokens > 1 for s in self.running
+        )
 
     def prompt_backlog(self) -> int:
         """Prompt tokens still to prefill here: the rest of each prompt mid-prefill, and each

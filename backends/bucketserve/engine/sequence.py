@@ -88,10 +88,11 @@ def check_stop(seq: Sequence, eos_token_ids, max_model_len: int) -> str | None:
     EOS (unless ignored) and stop ids end a request once min_tokens are out (the sampler masks
     them before that); max_tokens and the context length end it with "length". Stop *strings*
     are text, matched by the serving layer's detokenizer on top of this rule."""
-    params, last = seq.sampling_params, seq.last_token_id
-    if seq.num_completion_tokens >= params.min_tokens and params.is_stop_token(last, eos_token_ids):
+    params, tokens = seq.sampling_params, seq.token_ids  # (once per token: no properties)
+    done = len(tokens) - seq.num_prompt_tokens
+    if done >= params.min_tokens and params.is_stop_token(tokens[-1], eos_token_ids):
         return "stop"
-    if seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= max_model_len:
+    if done >= params.max_tokens or len(tokens) >= max_model_len:
         return "length"
     return None
 

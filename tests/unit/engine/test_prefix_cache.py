@@ -292,3 +292,14 @@ def test_prompt_backlog_leaves_out_the_cached_prefix():
     off = scheduler(64, caching=False)
     off.add(Sequence(system + [91, 92], params))
     assert off.prompt_backlog() == 23
+
+
+def test_has_prompt_work_is_prompt_backlog_above_zero():
+    sched = scheduler(64, caching=True)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    assert not sched.has_prompt_work() and sched.prompt_backlog() == 0
+    sched.add(Sequence(list(range(1, 30)), params))
+    assert sched.has_prompt_work() and sched.prompt_backlog() > 0
+    step = sched.schedule()  # the whole prompt fits the budget: decoding afterwards
+    sched.postprocess(step, [fake_token(s) for s in step.sampled])
+    assert sched.running and not sched.has_prompt_work() and sched.prompt_backlog() == 0

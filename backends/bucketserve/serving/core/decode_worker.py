@@ -270,7 +270,7 @@ class DecodeWorker(PreemptionCounters):
         the least loaded decode-only peer (the simulator's rule, scheduling/roles.py)."""
         m = self.migration
         m.new_round()
-        next_s = m.next_step_s(self.scheduler.prompt_backlog())
+        next_s = m.next_step_s(self.scheduler.has_prompt_work())
         now = time.time()
         for seq in list(self.scheduler.running):
             s = self.streams.get(seq.seq_id)

@@ -52,11 +52,11 @@ class Migration:
         old = self.step_s[key]
         self.step_s[key] = seconds if not old else (1 - EMA) * old + EMA * seconds
 
-    def next_step_s(self, prompt_backlog: int) -> float:
+    def next_step_s(self, prompt_work: bool) -> float:
         """Predicted time of this instance's next iteration: a step carrying prompt tokens
         while any are queued here, a decode-only step otherwise."""
         with_prompt, plain = self.step_s[True], self.step_s[False]
-        return (with_prompt or plain) if prompt_backlog > 0 else plain
+        return (with_prompt or plain) if prompt_work else plain
 
     def pick(self, targets: list[int]) -> int:
         """The decode-only peer with the fewest sequences (its stats plus what we sent since)."""
