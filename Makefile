@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup serve test lint bench-tools bench-smoke engine-bench simulate clean
+.PHONY: setup serve test lint bench-tools bench-smoke engine-bench simulate sim-tables clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,16 @@ engine-bench: setup
 
 simulate: setup
 	$(VENV)/bin/bucketserve simulate $(ARGS)
+
+# every simulated table of docs/scheduling.md from scratch: the evidence, the SLO grid (seed 0),
+# then the kill test (3 seeds; its static candidates are the grid's winners)
+SIM := nice -n 10 $(PY) -m bucketserve.sim
+sim-tables: setup
+	@start=$$(date +%s); \
+	$(SIM).evidence --out perf/results/sim/evidence --doc docs/scheduling.md && \
+	$(SIM).grid --out perf/results/sim/grid --doc docs/scheduling.md && \
+	$(SIM).killtest --seeds 3 --out perf/results/sim/killtest --doc docs/scheduling.md && \
+	echo "sim-tables: $$(( ($$(date +%s) - start) / 60 )) min wall"
 
 # genai-perf and AIPerf pin their own dependencies: each gets its own venv under perf/
 # (what PyPI offers: docs/platform-notes.md#p16-what-pypi-offers)

@@ -127,8 +127,8 @@ def document(rows: list[dict], wall_s: float | None) -> str:
     out = ["### SLO grid: the best static configuration per cell", "",
            f"Method: `python -m bucketserve.sim.grid` (docstring). Seeds: "
            f"{', '.join(map(str, seeds))} ({'one seed: no CIs' if len(seeds) == 1 else 'mean ± 95 % CI'}). "
-           f"Arrivals Poisson, {dur} per run; rates {grid} req/s (Mixed/phased step 1 to 10, then 2; Alpaca step 8), each sweep "
-           "upwards until no cell reaches 90 %. A run counts in a cell only if steady under "
+           f"Arrivals Poisson, {dur} per run; rates {grid} req/s (Mixed/phased step 1 to 10, then 2; Alpaca step 8), each cell's "
+           "knee found by bisection over those rates. A run counts in a cell only if steady under "
            "that cell's SLO (`sim/steady.py`: no growing or standing backlog, no last-third "
            f"collapse). {runs} simulations ({cpu / 60:.0f} CPU-min){took}. Goodput@90 in "
            "req/s for 4 A100-40GB GPUs; TP2 instances hold 3,912 KV blocks (963 at TP1) and "
