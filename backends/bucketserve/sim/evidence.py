@@ -237,11 +237,21 @@ def main(argv: list[str] | None = None) -> int:
         rows, off = sweep_rows(a, runs, partial, off_csv)
     wall = time.perf_counter() - t0
     validation = None
+    stored = a.out / "validation.csv"
     if a.server_run.exists() and a.bench.exists():
-        from bucketserve.sim.validate import compare_run
+        from bucketserve.sim.latency import FittedLatency
+        from bucketserve.sim.validate import SMOLLM2, compare_run, has_request_logs, read_validation
 
-        vrows, model = compare_run(a.server_run, a.bench)
-        write_rows(vrows, a.out / "validation.csv")
+        if has_request_logs(a.server_run):
+            vrows, model = compare_run(a.server_run, a.bench)
+            write_rows(vrows, stored)
+        elif stored.exists():  # a fresh clone: the server run's per-request logs are not committed
+            print(f"validation: no per-request logs under {a.server_run}; rendering {stored}")
+            vrows = read_validation(stored)
+            model = FittedLatency.from_jsonl(a.bench, SMOLLM2.kv_bytes_per_token).describe()
+        else:
+            raise SystemExit(f"--server-run: no requests/*_rate*.jsonl under {a.server_run} "
+                             f"and no stored {stored}")  # fmt: skip
         validation = (vrows, model, str(a.server_run))
     render(rows, off, a.out, a.doc, None if a.render_only else wall, validation)
     print(f"wrote {a.out} ({wall:.0f} s)")

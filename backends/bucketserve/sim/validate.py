@@ -111,6 +111,24 @@ def compare_run(run_dir: Path, bench: Path, impl: str = "bucketserve") -> tuple[
     return rows, latency.describe()
 
 
+def has_request_logs(run_dir: Path) -> bool:
+    """The run's per-request logs are here (they are not committed: .gitignore)."""
+    return any((run_dir / "requests").glob("*_rate*.jsonl"))
+
+
+def read_validation(path: Path) -> list[dict]:
+    """validation.csv rows as compare_run returned them."""
+    rows = []
+    for row in csv.DictReader(path.open()):
+        for k, v in row.items():
+            if k not in ("policy", "in_sample"):
+                row[k] = float(v) if v not in ("", "nan") else math.nan
+        row["requests"] = int(row["requests"])
+        row["in_sample"] = row["in_sample"] == "True"
+        rows.append(row)
+    return rows
+
+
 def calibrate(rows: list[dict]) -> float:
     """One constant the engine benchmark cannot see: the per-request path outside the engine
     (tokenizer, Triton hops, scheduler, first response). Estimated as the TTFT gap at
