@@ -101,8 +101,7 @@ def _mean(values: list[float]) -> float:
 def compare_run(run_dir: Path, bench: Path, impl: str = "bucketserve") -> tuple[list[dict], str]:
     """Every (policy, rate) file of a smoke run; returns the rows and the fitted model."""
     latency = FittedLatency.from_jsonl(bench, SMOLLM2.kv_bytes_per_token, impl=impl)
-    files = [f for f in sorted((run_dir / "requests").glob("*_rate*.jsonl"))
-             if f.stem.rsplit("_rate", 1)[0] in POLICIES]  # ablation labels are not policies  # fmt: skip
+    files = request_logs(run_dir)
     if not files:
         raise ValueError(f"no requests/*_rate*.jsonl under {run_dir}")
     busy = server_prefill_busy(run_dir)
@@ -111,9 +110,16 @@ def compare_run(run_dir: Path, bench: Path, impl: str = "bucketserve") -> tuple[
     return rows, latency.describe()
 
 
+def request_logs(run_dir: Path) -> list[Path]:
+    """The run's per-(policy, rate) request logs (not committed: .gitignore); ablation labels
+    are not policies."""
+    return [f for f in sorted((run_dir / "requests").glob("*_rate*.jsonl"))
+            if f.stem.rsplit("_rate", 1)[0] in POLICIES]  # fmt: skip
+
+
 def has_request_logs(run_dir: Path) -> bool:
-    """The run's per-request logs are here (they are not committed: .gitignore)."""
-    return any((run_dir / "requests").glob("*_rate*.jsonl"))
+    """The run's per-request logs are here."""
+    return bool(request_logs(run_dir))
 
 
 def read_validation(path: Path) -> list[dict]:
