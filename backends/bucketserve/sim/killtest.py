@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         seeds, workloads = range(a.seeds), a.workloads.split(",")
         done = {_key(r) for r in kept}
         sink = lambda r: append_rows(r, partial)  # noqa: E731
-        describe = lambda r: f"{r['system']:26s} {r['workload']:7s} seed {r['seed']}"  # noqa: E731
+        describe = lambda r: f"{r['system']:26s} {r['workload']:7s} seed {int(r['seed'])}"  # noqa: E731
         todo = [u for u in static_units(statics, seeds, workloads, grid_rows)
                 if _key_of(u) not in done]  # fmt: skip
         rows = run_pool(unit, todo, a.workers, sink, describe)
