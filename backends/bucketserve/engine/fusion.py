@@ -118,20 +118,33 @@ def gemm_shapes(max_rows: int) -> list[int]:
     return sorted({padded_rows(r) for r in range(1, min(max_rows, CHUNK_ROWS) + 1)})
 
 
+SMALL_ROWS = 4  # bf16 steps of at most this many rows run small_linear (csrc/small_linear.cpp)
+
+
+def small_linear_available() -> bool:
+    """The C++ kernels are loaded and were built with AVX512-BF16 (small_linear runs)."""
+    return cpu_ops.load() and bool(torch.ops.bucketserve.small_linear_available())
+
+
 class OneDnnLinear(nn.Module):
     """Inference-only Linear whose weight is pre-packed for oneDNN.
 
     MKL's sgemm on AMD CPUs runs its AVX2 path; oneDNN dispatches on ISA flags (AVX-512 on
-    Zen 4), which halves the LM-head matmul at decode batch sizes.
+    Zen 4), which halves the LM-head matmul at decode batch sizes. In bf16 on a CPU with
+    AVX512-BF16 it also keeps the plain weight (`plain_weight`, the same bytes again): steps of
+    at most SMALL_ROWS rows run torch.ops.bucketserve.small_linear over it, which streams the
+    weights ~1.35x faster than oneDNN's padded 4-row GEMM (docs/measurements.md, 2026-12-06).
     """
 
-    def __init__(self, linear: nn.Linear, batch_hint: int = 16) -> None:
+    def __init__(self, linear: nn.Linear, batch_hint: int = 16, small: bool = False) -> None:
         super().__init__()
         weight = linear.weight.detach()
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
+        small = small and weight.dtype == torch.bfloat16 and self.in_features % 32 == 0
+        self.plain_weight = weight.contiguous() if small else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, in] -> [N, out]; above CHUNK_ROWS rows in chunks (same speed: the GEMM is
@@ -146,6 +159,8 @@ class OneDnnLinear(nn.Module):
 
     def _gemm(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
+        if self.plain_weight is not None and 0 < rows <= SMALL_ROWS:
+            return torch.ops.bucketserve.small_linear(x.contiguous(), self.plain_weight, self.bias)
         target = padded_rows(rows)  # few distinct shapes; 1-2 row kernels are slower
         if target != rows:
             x = F.pad(x, (0, 0, 0, target - rows))
@@ -172,15 +187,19 @@ def warm_onednn(model: CausalLM, max_rows: int, max_logit_rows: int) -> int:
     return len(done)
 
 
-def pack_for_onednn(model: CausalLM) -> int:
-    """Swap every nn.Linear for a OneDnnLinear (CPU float32/bfloat16); returns how many."""
+def pack_for_onednn(model: CausalLM, small: bool | None = None) -> int:
+    """Swap every nn.Linear for a OneDnnLinear (CPU float32/bfloat16); returns how many.
+    `small` (default: small_linear_available()): bf16 linears also keep their plain weight
+    for small_linear."""
+    if small is None:
+        small = small_linear_available()
     targets = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
         if isinstance(child, nn.Linear)
     ]
-    packed = [OneDnnLinear(child) for _, _, child in targets]  # all or nothing
+    packed = [OneDnnLinear(child, small=small) for _, _, child in targets]  # all or nothing
     for (parent, name, _), linear in zip(targets, packed, strict=True):
         setattr(parent, name, linear)
     return len(targets)
@@ -299,7 +318,7 @@ class CpuCausalLM(CausalLM):
 def use_decode_layers(model: CausalLM) -> bool:
     """Make `model` a CpuCausalLM when its layers have the shape decode_layers runs (oneDNN
     linears, C++ norms, no q/k norms); returns whether it did."""
-    empty = torch.empty(0)  # no qkv bias
+    empty = torch.empty(0)  # no qkv bias / no plain weight
     weights = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -310,6 +329,7 @@ def use_decode_layers(model: CausalLM) -> bool:
                     empty if attn.qkv_proj.bias is None else attn.qkv_proj.bias,
                     attn.o_proj.packed_weight, layer.post_attention_layernorm.weight.detach(),
                     mlp.gate_up_proj.packed_weight, mlp.down_proj.packed_weight]  # fmt: skip
+        weights += [empty if m.plain_weight is None else m.plain_weight for m in linears]
     model.__class__ = CpuCausalLM
     model.decode_weights = weights
     return True

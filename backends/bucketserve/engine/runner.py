@@ -118,11 +118,16 @@ class ModelRunner:
         """One line for logs: model, device, dtype and which implementation runs each part."""
         return (f"{self.config.model} on {self.device} {str(self.dtype).removeprefix('torch.')} "
                 f"({self.dtype_reason}): "
-                f"attention {self.attention_backend}, linears {self.linear_impl}, "
+                f"attention {self.attention_backend}, linears {self.linear_impl}"
+                f"{' (1-4 rows: small_linear)' if self._small_linears() else ''}, "
                 f"norms/rope/SwiGLU {self.elementwise_impl}, decode "
                 f"{'CUDA graphs' if self.uses_cuda_graphs else 'eager'}, "
                 f"{self.num_blocks} KV blocks of {self.block_size} tokens{self.warmed}"
                 f"{self._threads()}")  # fmt: skip
+
+    def _small_linears(self) -> bool:
+        """bf16 linears of 1-4 rows run csrc/small_linear.cpp (AVX512-BF16 CPUs)."""
+        return any(getattr(m, "plain_weight", None) is not None for m in self.model.modules())
 
     def _threads(self) -> str:
         """CPU: the intra-op threads this instance runs with (the serving layer splits the

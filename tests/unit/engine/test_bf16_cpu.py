@@ -155,3 +155,56 @@ def test_bf16_pool_holds_twice_the_blocks():
         assert runner.pool.dtype == getattr(torch, dtype)
         runner.close()
     assert blocks["bfloat16"] // 2 == blocks["float32"]  # twice, less the odd rounding
+
+
+@pytest.fixture(scope="module")
+def small(kernels):
+    from bucketserve.engine.fusion import small_linear_available
+
+    if not small_linear_available():
+        pytest.skip("this CPU (or compiler) has no AVX512-BF16: small_linear is not built")
+    return kernels.small_linear
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize(("k", "bias"), [(576, False), (96, True), (1536, False)])
+def test_small_linear_matches_a_float32_matmul(small, rows, k, bias):
+    """bf16 x W^T (+ b) with fp32 accumulation, rounded once: within bf16 rounding of the
+    float32 product of the same bf16 inputs (odd and even block counts, with a bias)."""
+    g = torch.Generator().manual_seed(rows * k)
+    x = torch.randn(rows, k, generator=g).to(BF16)
+    w = (0.05 * torch.randn(200, k, generator=g)).to(BF16)
+    b = torch.randn(200, generator=g).to(BF16) if bias else None
+    ref = x.float() @ w.float().T + (b.float() if bias else 0)
+    got = small(x, w, b)
+    assert got.dtype == BF16 and got.shape == (rows, 200)
+    torch.testing.assert_close(got.float(), ref, rtol=8e-3, atol=8e-3 * ref.abs().max().item())
+
+
+def test_small_linear_rejects_what_it_does_not_run(small):
+    w = torch.zeros(8, 64, dtype=BF16)
+    with pytest.raises(RuntimeError, match="x must have 1 to 4 rows, got 5"):
+        small(torch.zeros(5, 64, dtype=BF16), w, None)
+    with pytest.raises(RuntimeError, match="K a multiple of 32"):
+        small(torch.zeros(1, 48, dtype=BF16), torch.zeros(8, 48, dtype=BF16), None)
+    with pytest.raises(RuntimeError, match="takes bfloat16"):
+        small(torch.zeros(1, 64), torch.zeros(8, 64), None)
+
+
+def test_bf16_linears_run_small_linear_up_to_4_rows_and_onednn_above(small):
+    from bucketserve.engine.fusion import OneDnnLinear
+
+    lin = torch.nn.Linear(576, 320, bias=True).to(BF16)
+    fused = OneDnnLinear(lin, small=True)
+    assert fused.plain_weight is not None
+    ref = torch.nn.Linear(576, 320, bias=True).to(BF16)
+    ref.load_state_dict(lin.state_dict())
+    plain = OneDnnLinear(ref, small=False)  # oneDNN only
+    x = torch.randn(5, 576).to(BF16)
+    for rows in (1, 4):
+        assert torch.equal(fused(x[:rows]), small(x[:rows].contiguous(), lin.weight, lin.bias))
+        torch.testing.assert_close(fused(x[:rows]).float(), plain(x[:rows]).float(),
+                                   rtol=1e-2, atol=1e-2)  # fmt: skip
+    assert torch.equal(fused(x), plain(x))  # 5 rows: the same oneDNN GEMM
+    assert fused(x[:0]).shape == (0, 320)  # a step that samples no row
+    assert OneDnnLinear(torch.nn.Linear(576, 8), small=True).plain_weight is None  # float32

@@ -13,7 +13,7 @@ namespace bucketserve {
 
 namespace {
 
-constexpr int64_t kWeightsPerLayer = 7;  // see decode_layers
+constexpr int64_t kWeightsPerLayer = 11;  // see decode_layers
 
 // torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], None): OneDnnLinear.
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias) {
@@ -28,15 +28,21 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const at
   return op.call(x, packed, b, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
 }
 
-// OneDnnLinear._gemm for one step: inputs padded with zero rows to `gemm_rows` (one of the
-// shapes warm_onednn ran), outputs cut back to the step's rows. One zeroed buffer per input
-// width serves every layer: only its first rows are ever written.
+// OneDnnLinear._gemm for one step: a bf16 step of at most kSmallLinearRows rows whose layer
+// kept its plain weight runs small_linear; otherwise inputs are padded with zero rows to
+// `gemm_rows` (one of the shapes warm_onednn ran) for oneDNN, outputs cut back to the step's
+// rows. One zeroed buffer per input width serves every layer: only its first rows are written.
 class StepLinears {
  public:
   StepLinears(int64_t rows, int64_t gemm_rows) : rows_(rows), gemm_rows_(gemm_rows) {}
 
-  at::Tensor operator()(const at::Tensor& x, const at::Tensor& packed,
+  at::Tensor operator()(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& plain,
                         const at::Tensor& bias = at::Tensor()) {
+    if (plain.numel() && rows_ <= kSmallLinearRows) {
+      std::optional<at::Tensor> b;
+      if (bias.defined() && bias.numel()) b = bias;
+      return small_linear(x.contiguous(), plain, b);
+    }
     if (rows_ == gemm_rows_) return onednn_linear(x, packed, bias);
     auto [it, fresh] = padded_.try_emplace(x.size(1));
     if (fresh) it->second = at::zeros({gemm_rows_, x.size(1)}, x.options());
@@ -54,7 +60,9 @@ class StepLinears {
 // x [B, D]: the step's hidden states after the embedding, one row per decode sequence;
 // cos, sin [B, head_dim] (x's dtype); weights: per layer, in order, input_layernorm.weight,
 // qkv_proj packed weight, qkv_proj bias (an empty tensor: none), o_proj packed weight,
-// post_attention_layernorm.weight, gate_up_proj packed weight, down_proj packed weight; pool
+// post_attention_layernorm.weight, gate_up_proj packed weight, down_proj packed weight, then
+// the plain bf16 weights of qkv_proj, o_proj, gate_up_proj and down_proj for small_linear
+// (empty tensors: none, every step runs oneDNN); pool
 // [L, 2, N, block_size, KVH, head_dim]; slot_mapping, block_tables, context_lens as
 // rope_and_store_kv and paged_attention_decode take them. -> hidden [B, D] before the final norm.
 at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin,
@@ -77,7 +85,7 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
     const at::Tensor k_cache = pool.select(0, i).select(0, 0);
     const at::Tensor v_cache = pool.select(0, i).select(0, 1);
     // Attention: fused qkv, rotary + KV store in place, paged attention, o_proj.
-    const at::Tensor qkv = linear(rms_norm(x, w[0], eps), w[1], w[2]);
+    const at::Tensor qkv = linear(rms_norm(x, w[0], eps), w[1], w[7], w[2]);
     const at::Tensor q = qkv.narrow(1, 0, q_size).view({rows, num_heads, head_dim});
     const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({rows, num_kv_heads, head_dim});
     const at::Tensor v =
@@ -85,10 +93,10 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
     rope_and_store_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping);
     const at::Tensor attn =
         paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale);
-    const at::Tensor h = x + linear(attn.reshape({rows, -1}), w[3]);
+    const at::Tensor h = x + linear(attn.reshape({rows, -1}), w[3], w[8]);
     // MLP: fused gate/up, SwiGLU, down_proj.
-    const at::Tensor gate_up = linear(rms_norm(h, w[4], eps), w[5]);
-    x = h + linear(silu_and_mul(gate_up), w[6]);
+    const at::Tensor gate_up = linear(rms_norm(h, w[4], eps), w[5], w[9]);
+    x = h + linear(silu_and_mul(gate_up), w[6], w[10]);
   }
   return x;
 }

@@ -14,6 +14,10 @@ at::Tensor silu_and_mul(const at::Tensor& x);
 void rope_and_store_kv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
                        const at::Tensor& v_cache, const at::Tensor& slot_mapping);
+constexpr int64_t kSmallLinearRows = 4;  // small_linear takes 1..4 rows
+bool small_linear_available();
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& bias);
 at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                          at::TensorList weights, const at::Tensor& pool,
                          const at::Tensor& slot_mapping, const at::Tensor& block_tables,
