@@ -146,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         sink = lambda r: append_rows(r, partial)  # noqa: E731
         describe = lambda r: f"{r['system']:26s} {r['workload']:7s} seed {int(r['seed'])}"  # noqa: E731
         todo = [u for u in static_units(statics, seeds, workloads, grid_rows)
-                if _key_of(u) not in done]  # fmt: skip
+                if u[:4] not in done]  # fmt: skip
         rows = run_pool(unit, todo, a.workers, sink, describe)
-        todo = [u for u in hybrid_units(seeds, workloads, kept + rows) if _key_of(u) not in done]
+        todo = [u for u in hybrid_units(seeds, workloads, kept + rows) if u[:4] not in done]
         todo.sort(key=lambda u: (u[1], u[2]))
         return rows + run_pool(unit, todo, a.workers, sink, describe)
 
@@ -158,10 +158,6 @@ def main(argv: list[str] | None = None) -> int:
 def _key(r: dict) -> tuple:
     cell = (r["tpot_s"], r["ttft_scale"]) if r["system"] == HYBRID.label else None
     return r["system"], r["workload"], int(r["seed"]), cell
-
-
-def _key_of(u: tuple) -> tuple:
-    return u[0], u[1], u[2], u[3]
 
 
 if __name__ == "__main__":
