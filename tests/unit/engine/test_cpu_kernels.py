@@ -45,6 +45,36 @@ def test_paged_attention_matches_sdpa(lengths, heads, kv_heads, block):
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_of_a_sequence_does_not_depend_on_its_batch(kernels, dtype):
+    """A context is cut into parts by its length alone: a 300-token sequence (5 parts) gets
+    the same bits alone, in a batch of 2 (one head per work item) or of 8 (all heads)."""
+    gen = torch.Generator().manual_seed(3)
+    lengths = [300, 1, 65, 64, 129, 7, 250, 33]
+    k_cache, v_cache, tables = scattered_paged_cache(lengths, 16, 3, 64, gen, 64)
+    k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+    q = torch.randn(len(lengths), 9, 64, generator=gen).to(dtype)
+    backend = CpuPagedBackend()
+    alone = paged_decode(backend, q[:1], k_cache, v_cache, tables[:1], lengths[:1])
+    for size in (2, 8):
+        batched = paged_decode(backend, q[:size], k_cache, v_cache, tables[:size], lengths[:size])
+        assert torch.equal(batched[:1], alone)
+    ref = paged_decode(SdpaBackend(), q.float(), k_cache.float(), v_cache.float(), tables, lengths)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(batched.float(), ref, rtol=tol, atol=tol)
+
+
+def test_paged_attention_scalar_path_for_head_dims_off_the_vector_width():
+    """head_dim 40 (not a multiple of 16) takes the scalar loops, over several parts."""
+    gen = torch.Generator().manual_seed(5)
+    lengths = [130, 3]
+    k_cache, v_cache, tables = scattered_paged_cache(lengths, 8, 2, 40, gen, 32)
+    q = torch.randn(2, 4, 40, generator=gen)
+    ours = paged_decode(CpuPagedBackend(), q, k_cache, v_cache, tables, lengths)
+    ref = paged_decode(SdpaBackend(), q, k_cache, v_cache, tables, lengths)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_paged_attention_rejects_tables_outside_the_pool(kernels):
     k_cache = torch.zeros(4, 4, 1, 8)
     q = torch.zeros(1, 2, 8)

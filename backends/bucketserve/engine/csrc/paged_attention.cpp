@@ -1,10 +1,22 @@
 // Paged attention for the decode step: reads the KV pool through the block tables (no gather,
 // no padding mask). q, caches and output float32 or bfloat16; scores, softmax and the weighted
-// sum of values in float32. Work items run in parallel on ATen's thread pool.
+// sum of values in float32.
+//
+// Each sequence's context is cut into parts of kPartTokens tokens (flash-decoding's split):
+// a part yields its rows' running max, exp-sum and unnormalised output, and the parts are
+// merged once at the end. Parts are what makes a single long sequence use every thread (batch
+// 1 decode, SmolLM2: 3 KV heads, which left one of 2 threads idle for a third of the time).
+// The cut depends on the context length only, never on the batch or the thread count, so a
+// sequence's result is the same in any batch.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <limits>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "common.h"
 
@@ -12,10 +24,7 @@ namespace bucketserve {
 
 namespace {
 
-template <typename T>
-inline void axpy(float* y, float alpha, const T* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * f32(x[i]);
-}
+constexpr int64_t kPartTokens = 64;
 
 // A layer's paged K/V caches: [num_blocks, block_size, KVH, D] with shared strides.
 template <typename T>
@@ -25,64 +34,109 @@ struct PagedKv {
   int64_t block_stride, token_stride, head_stride, block_size, head_dim;
 };
 
-// Calls fn(t, row) for each of a sequence's n cached tokens in order, where row points at
-// token t's first head in `cache` (kv.k or kv.v), walking the block table block by block.
+// Calls fn(t, row) for tokens t0 <= t < t1 of a sequence in order, where row points at token
+// t's first head in `cache` (kv.k or kv.v), walking the block table block by block.
 template <typename T, typename Fn>
-inline void for_each_token(const T* cache, const PagedKv<T>& kv, const int32_t* table, int64_t n,
-                           Fn fn) {
+inline void for_each_token(const T* cache, const PagedKv<T>& kv, const int32_t* table, int64_t t0,
+                           int64_t t1, Fn fn) {
   const int64_t bs = kv.block_size;
-  for (int64_t i = 0, start = 0; start < n; ++i, start += bs) {
-    const T* block = cache + table[i] * kv.block_stride;
-    for (int64_t t = start; t < std::min(n, start + bs); ++t) {
-      fn(t, block + (t - start) * kv.token_stride);
-    }
+  for (int64_t t = t0; t < t1;) {
+    const T* block = cache + table[t / bs] * kv.block_stride;
+    const int64_t stop = std::min(t1, (t / bs + 1) * bs);
+    for (const T* row = block + t % bs * kv.token_stride; t < stop; ++t, row += kv.token_stride)
+      fn(t, row);
   }
 }
 
-// Attention of query heads [h0 * G, h1 * G) of one sequence over its n cached tokens.
-// q: those heads' (h1 - h0) * G rows of D floats; out: their output rows (same layout);
-// scores: room for (h1 - h0) * G * n floats.
+#if defined(__AVX512F__)
+constexpr int64_t kMaxVecDim = 256;  // head_dim the vector path keeps in registers (16 x 16)
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16* p) {  // bf16 -> float: the 16 bits become the high half
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+#endif
+
+// s[g * stride] = scale * (q row g . key) for the G query rows that share one KV head.
 template <typename T>
-void attend(const PagedKv<T>& kv, const int32_t* table, int64_t n, int64_t h0, int64_t h1,
-            int64_t group, const float* q, float scale, float* scores, float* out) {
-  const int64_t rows = (h1 - h0) * group, dim = kv.head_dim;
-  std::vector<float> row_max(rows, -std::numeric_limits<float>::infinity());
-  for_each_token(kv.k, kv, table, n, [&](int64_t t, const T* token) {
-    for (int64_t h = h0; h < h1; ++h) {
-      const T* key = token + h * kv.head_stride;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t r = (h - h0) * group + g;
-        const float s = dot(q + r * dim, key, dim) * scale;
-        scores[r * n + t] = s;
-        row_max[r] = std::max(row_max[r], s);
-      }
+inline void key_scores(const float* q, const T* key, int64_t group, int64_t dim, float scale,
+                       float* s, int64_t stride) {
+#if defined(__AVX512F__)
+  if (dim % 16 == 0 && dim <= kMaxVecDim) {
+    __m512 k[kMaxVecDim / 16];
+    const int64_t chunks = dim / 16;
+    for (int64_t c = 0; c < chunks; ++c) k[c] = load16(key + c * 16);
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = q + g * dim;
+      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), k[0]);
+      for (int64_t c = 1; c < chunks; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + c * 16), k[c], acc);
+      s[g * stride] = _mm512_reduce_add_ps(acc) * scale;
     }
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < group; ++g) {
+    float sum = 0.f;
+    for (int64_t d = 0; d < dim; ++d) sum += q[g * dim + d] * f32(key[d]);
+    s[g * stride] = sum * scale;
+  }
+}
+
+// acc row g += p[g * stride] * value, for the G query rows that share one KV head.
+template <typename T>
+inline void add_value(float* acc, const float* p, int64_t stride, const T* value, int64_t group,
+                      int64_t dim) {
+#if defined(__AVX512F__)
+  if (dim % 16 == 0 && dim <= kMaxVecDim) {
+    __m512 v[kMaxVecDim / 16];
+    const int64_t chunks = dim / 16;
+    for (int64_t c = 0; c < chunks; ++c) v[c] = load16(value + c * 16);
+    for (int64_t g = 0; g < group; ++g) {
+      const __m512 w = _mm512_set1_ps(p[g * stride]);
+      float* ag = acc + g * dim;
+      for (int64_t c = 0; c < chunks; ++c)
+        _mm512_storeu_ps(ag + c * 16, _mm512_fmadd_ps(w, v[c], _mm512_loadu_ps(ag + c * 16)));
+    }
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < group; ++g) {
+    const float w = p[g * stride];
+    for (int64_t d = 0; d < dim; ++d) acc[g * dim + d] += w * f32(value[d]);
+  }
+}
+
+// One part: query heads [h0 * G, h1 * G) of one sequence over its tokens [t0, t1).
+// q: those heads' rows of D floats; scores: room for rows * (t1 - t0) floats. Writes per row
+// its max score, its sum of exp(score - max) and, into acc, its exp-weighted sum of values.
+template <typename T>
+void attend_part(const PagedKv<T>& kv, const int32_t* table, int64_t t0, int64_t t1, int64_t h0,
+                 int64_t h1, int64_t group, const float* q, float scale, float* scores,
+                 float* row_max, float* row_sum, float* acc) {
+  const int64_t rows = (h1 - h0) * group, dim = kv.head_dim, n = t1 - t0;
+  for_each_token(kv.k, kv, table, t0, t1, [&](int64_t t, const T* token) {
+    for (int64_t h = h0; h < h1; ++h)
+      key_scores(q + (h - h0) * group * dim, token + h * kv.head_stride, group, dim, scale,
+                 scores + (h - h0) * group * n + (t - t0), n);
   });
-  std::vector<float> row_sum(rows);
   for (int64_t r = 0; r < rows; ++r) {
     float* sr = scores + r * n;
-    const float m = row_max[r];
+    const float m = *std::max_element(sr, sr + n);
     float sum = 0.f;
     for (int64_t t = 0; t < n; ++t) {
       sr[t] = vexp(sr[t] - m);
       sum += sr[t];
     }
+    row_max[r] = m;
     row_sum[r] = sum;
   }
-  std::fill(out, out + rows * dim, 0.f);
-  for_each_token(kv.v, kv, table, n, [&](int64_t t, const T* token) {
-    for (int64_t h = h0; h < h1; ++h) {
-      const T* value = token + h * kv.head_stride;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t r = (h - h0) * group + g;
-        axpy(out + r * dim, scores[r * n + t], value, dim);
-      }
-    }
+  std::fill(acc, acc + rows * dim, 0.f);
+  for_each_token(kv.v, kv, table, t0, t1, [&](int64_t t, const T* token) {
+    for (int64_t h = h0; h < h1; ++h)
+      add_value(acc + (h - h0) * group * dim, scores + (h - h0) * group * n + (t - t0), n,
+                token + h * kv.head_stride, group, dim);
   });
-  for (int64_t r = 0; r < rows; ++r) {
-    const float inv = 1.f / row_sum[r];
-    for (int64_t d = 0; d < dim; ++d) out[r * dim + d] *= inv;
-  }
 }
 
 // Checks block tables and context lengths against the pool; returns the longest context.
@@ -108,12 +162,14 @@ int64_t check_tables(const at::Tensor& tables, const at::Tensor& lens, int64_t b
   return max_len;
 }
 
+inline int64_t parts_of(int64_t n) { return (n + kPartTokens - 1) / kPartTokens; }
+
 }  // namespace
 
 // q [B, H, D]; k_cache, v_cache [num_blocks, block_size, KVH, D]; block_tables [B, max_blocks]
 // int32; context_lens [B] int32 (tokens to attend, including this step's) -> out [B, H, D].
 // The G = H / KVH query heads that share a KV head are handled together, so each key and
-// value row is read once per (sequence, KV head).
+// value row is read once per (sequence, KV head, part).
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, double scale) {
@@ -131,17 +187,24 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(num_heads % kv_heads == 0, "num_heads must be a multiple of the KV heads");
   auto tables = block_tables.to(at::kInt).contiguous();
   auto lens = context_lens.to(at::kInt).contiguous();
-  const int64_t max_len = check_tables(tables, lens, batch, k_cache.size(0), block_size);
+  check_tables(tables, lens, batch, k_cache.size(0), block_size);
   const int64_t max_blocks = tables.size(1);
   const int32_t* table_ptr = tables.data_ptr<int32_t>();
   const int32_t* len_ptr = lens.data_ptr<int32_t>();
   auto out = at::empty({batch, num_heads, head_dim}, q.options());
   const int64_t group = num_heads / kv_heads;
-  // One work item = one sequence's KV heads [h0, h1): whole sequences when there are enough
-  // of them (each block is then read front to back), single heads for small batches.
+  // A work item: one part of one sequence's KV heads [h0, h1): all heads when there are
+  // enough sequences (each token's heads are then read together), single heads otherwise.
   const int64_t heads_per_item = batch >= at::get_num_threads() ? kv_heads : 1;
-  const int64_t items_per_seq = kv_heads / heads_per_item;
+  const int64_t items_per_part = kv_heads / heads_per_item;
   const int64_t rows = heads_per_item * group;  // query rows of one item
+  // first[b]: sequence b's first part; its parts are first[b] .. first[b + 1] - 1.
+  std::vector<int64_t> first(batch + 1, 0);
+  for (int64_t b = 0; b < batch; ++b) first[b + 1] = first[b] + parts_of(len_ptr[b]);
+  const int64_t parts = first[batch];
+  // Per (part, head item): max and sum of each row, then its rows' D floats.
+  const int64_t item_floats = rows * (2 + head_dim);
+  std::vector<float> partial(parts * items_per_part * item_floats);
   const float fscale = static_cast<float>(scale);
 
   dispatch(q.scalar_type(), [&](auto tag) {
@@ -150,19 +213,53 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
                         k_cache.stride(1), k_cache.stride(2), block_size, head_dim};
     const T* q_ptr = q.data_ptr<T>();
     T* out_ptr = out.data_ptr<T>();
-    at::parallel_for(0, batch * items_per_seq, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores(rows * max_len), q_rows(rows * head_dim), acc(rows * head_dim);
+    at::parallel_for(0, parts * items_per_part, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(rows * kPartTokens), q_rows(rows * head_dim);
       for (int64_t item = begin; item < end; ++item) {
-        const int64_t b = item / items_per_seq;
-        const int64_t h0 = item % items_per_seq * heads_per_item;
+        const int64_t part = item / items_per_part;
+        const int64_t h0 = item % items_per_part * heads_per_item;
+        const int64_t b = std::upper_bound(first.begin(), first.end(), part) - first.begin() - 1;
+        const int64_t t0 = (part - first[b]) * kPartTokens;
+        const int64_t t1 = std::min<int64_t>(len_ptr[b], t0 + kPartTokens);
         for (int64_t r = 0; r < rows; ++r) {  // q rows as float, read once per key
           const T* src = q_ptr + b * q.stride(0) + (h0 * group + r) * q.stride(1);
           for (int64_t d = 0; d < head_dim; ++d) q_rows[r * head_dim + d] = f32(src[d]);
         }
-        attend(kv, table_ptr + b * max_blocks, len_ptr[b], h0, h0 + heads_per_item, group,
-               q_rows.data(), fscale, scores.data(), acc.data());
+        float* p = partial.data() + item * item_floats;
+        attend_part(kv, table_ptr + b * max_blocks, t0, t1, h0, h0 + heads_per_item, group,
+                    q_rows.data(), fscale, scores.data(), p, p + rows, p + 2 * rows);
+      }
+    });
+    // Merge each (sequence, head item)'s parts: rescale each to the largest max, normalise.
+    const int64_t merge_grain = std::max<int64_t>(1, 16384 / (item_floats * (parts / batch + 1)));
+    at::parallel_for(0, batch * items_per_part, merge_grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(rows * head_dim), total(rows), top(rows);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / items_per_part, h0 = i % items_per_part * heads_per_item;
+        const float* base = partial.data() + first[b] * items_per_part * item_floats;
+        const int64_t n_parts = first[b + 1] - first[b];
+        std::fill(top.begin(), top.end(), -std::numeric_limits<float>::infinity());
+        for (int64_t j = 0; j < n_parts; ++j) {
+          const float* p = base + (j * items_per_part + i % items_per_part) * item_floats;
+          for (int64_t r = 0; r < rows; ++r) top[r] = std::max(top[r], p[r]);
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        std::fill(total.begin(), total.end(), 0.f);
+        for (int64_t j = 0; j < n_parts; ++j) {
+          const float* p = base + (j * items_per_part + i % items_per_part) * item_floats;
+          for (int64_t r = 0; r < rows; ++r) {
+            const float w = vexp(p[r] - top[r]);
+            total[r] += w * p[rows + r];
+            const float* pr = p + 2 * rows + r * head_dim;
+            for (int64_t d = 0; d < head_dim; ++d) acc[r * head_dim + d] += w * pr[d];
+          }
+        }
         T* dst = out_ptr + (b * num_heads + h0 * group) * head_dim;
-        for (int64_t i = 0; i < rows * head_dim; ++i) dst[i] = cast<T>(acc[i]);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float inv = 1.f / total[r];
+          for (int64_t d = 0; d < head_dim; ++d)
+            dst[r * head_dim + d] = cast<T>(acc[r * head_dim + d] * inv);
+        }
       }
     });
   });
