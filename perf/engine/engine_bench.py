@@ -156,23 +156,38 @@ def _timed(fn, device: torch.device) -> float:
     return _elapsed(start, device)
 
 
-def measure(benches: list, prompts: list[list[int]], args: Args) -> list[tuple[float, float]]:
+@dataclass(slots=True)
+class Timing:
+    """One bench's medians over the rounds, and each round's decode step and bandwidth."""
+
+    prefill_s: float
+    decode_s: float
+    rounds: list[tuple[float, float]]  # (step_ms, read bandwidth B/s around that run)
+
+
+def measure(benches: list, prompts: list[list[int]], args: Args, bandwidth) -> list[Timing]:
     """Median prefill and decode seconds of each bench over `repeats` rounds, each round
     running every bench once in turn (so a burst of load on a shared machine hits all of
-    them), after one untimed warm-up each."""
+    them), after one untimed warm-up each; `bandwidth()` is read before and after every
+    timed run (bench/floor.py: the floor of that run)."""
     for bench in benches:
         bench.run(prompts, min(4, args.decode_steps))
-    rounds = [[bench.run(prompts, args.decode_steps) for bench in benches]
-              for _ in range(args.repeats)]  # fmt: skip
+    runs: list[list[tuple[float, float, float]]] = [[] for _ in benches]
+    for _ in range(args.repeats):
+        for i, bench in enumerate(benches):
+            before = bandwidth()
+            t_prefill, t_decode = bench.run(prompts, args.decode_steps)
+            runs[i].append((t_prefill, t_decode, max(before, bandwidth())))
     return [
-        (statistics.median(r[i][0] for r in rounds), statistics.median(r[i][1] for r in rounds))
-        for i in range(len(benches))
+        Timing(statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs),
+               [(1e3 * r[1] / args.decode_steps, r[2]) for r in rs])  # fmt: skip
+        for rs in runs
     ]
 
 
-def records(bench, batch: int, times: tuple[float, float], args: Args, meta: dict) -> list[dict]:
+def records(bench, batch: int, timing: Timing, args: Args, meta: dict) -> list[dict]:
     """The two JSON lines (prefill, decode) of one measurement."""
-    t_prefill, t_decode = times
+    t_prefill, t_decode = timing.prefill_s, timing.decode_s
     common = dict(meta, impl=bench.name, dtype=bench.dtype, attention=bench.attention,
                   batch=batch, prompt_len=args.prompt_len)  # fmt: skip
     prefill = dict(common, phase="prefill", steps=1, seconds=round(t_prefill, 4),
@@ -182,7 +197,7 @@ def records(bench, batch: int, times: tuple[float, float], args: Args, meta: dic
                   step_ms=round(1e3 * t_decode / args.decode_steps, 3))  # fmt: skip
     context = args.prompt_len + args.decode_steps // 2
     mc = _model_config(args.model, bench.dtype)
-    decode.update(decode_floor(mc, batch, context, meta["read_bandwidth"], decode["step_ms"]))
+    decode.update(decode_floor(mc, batch, context, timing.rounds))
     return [prefill, decode]
 
 
@@ -220,17 +235,17 @@ def main(argv: list[str] | None = None) -> None:
     device = resolve_device(args.device)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     benches = make_benches(args, bench_dtypes(args.dtypes, device), max(batches))
-    bandwidth = GPU_BANDWIDTH if device.type == "cuda" else read_bandwidth()
-    meta = dict(model=args.model, device=str(device), threads=torch.get_num_threads(),
-                read_bandwidth=round(bandwidth / 1e9, 1) * 1e9)  # fmt: skip
-    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s "
-          f"({'measured' if device.type == 'cpu' else 'H200 reference'})", file=sys.stderr)  # fmt: skip
+    bandwidth = (lambda: GPU_BANDWIDTH) if device.type == "cuda" else read_bandwidth
+    meta = dict(model=args.model, device=str(device), threads=torch.get_num_threads())
+    print(f"read bandwidth {bandwidth() / 1e9:.1f} GB/s now "
+          f"({'measured before and after every timed run' if device.type == 'cpu' else 'H200 reference'})",
+          file=sys.stderr)  # fmt: skip
     out = open(args.output, "a") if args.output else None  # noqa: SIM115
     rows = []
     for batch in batches:
         prompts = make_prompts(args.model, batch, args.prompt_len, args.seed + batch)
-        for bench, times in zip(benches, measure(benches, prompts, args), strict=True):
-            for rec in records(bench, batch, times, args, meta):
+        for bench, timing in zip(benches, measure(benches, prompts, args, bandwidth), strict=True):
+            for rec in records(bench, batch, timing, args, meta):
                 rows.append(rec)
                 line = json.dumps(rec)
                 print(line, flush=True)
