@@ -85,6 +85,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--chunk-tokens", type=int, default=0, help="colocated: tokens/iteration (0: auto)"
     )
+    p.add_argument(
+        "--dtypes", default="",
+        help="comma-separated server dtypes (float32, bfloat16; empty: the server's auto): each "
+        "policy runs with each; labels gain @dtype when more than one",
+    )  # fmt: skip
     p.add_argument("--workload", choices=("alpaca", "longbench", "mixed", "phased", "sharegpt"))
     p.add_argument("--profile", choices=("paper", "cpu"))
     p.add_argument("--input-cap", type=int, help="prompt truncation (tokens)")
@@ -198,9 +203,12 @@ def main(argv: list[str] | None = None) -> int:
 def select_targets(a: argparse.Namespace, pre: Preset) -> tuple[list[Target], list[str]]:
     """Policies, ablations if asked, the fixed-load host; probe policy first with auto rates."""
     topologies = [t for t in a.topologies.split(",") if t]
+    dtypes = [d for d in a.dtypes.split(",") if d] or [""]
     targets = [
-        Target(p if topologies == ["disaggregated"] else f"{p}@{t}", p, topology_overrides(t, a))
-        for p in a.policies.split(",") if p for t in topologies
+        Target(p + ("" if topologies == ["disaggregated"] else f"@{t}")
+               + (f"@{d}" if len(dtypes) > 1 else ""), p,
+               topology_overrides(t, a) | ({"dtype": d} if d else {}))
+        for p in a.policies.split(",") if p for t in topologies for d in dtypes
     ]  # fmt: skip
     abl_targets, abl_notes = ablation_targets()
     if a.ablations:  # the components they switch off work on prefill batches: P/D

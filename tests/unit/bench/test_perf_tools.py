@@ -126,3 +126,17 @@ def test_policy_comparison_targets_name_their_topology():
         else:
             assert cfg.topology == "disaggregated", t
     assert sum(t.label.endswith("@colocatedx2") for t in both) == 5
+
+
+def test_dtype_comparison_runs_each_policy_in_each_dtype():
+    """--dtypes float32,bfloat16: one server per (policy, dtype), labelled @dtype; none given:
+    no dtype override (the server's auto) and no suffix."""
+    from bucketserve.bench.compare import SMOKE, parse_args, select_targets
+    from bucketserve.serving.config import ServeConfig
+
+    args = ["--smoke", "--policies", "bucketserve", "--skip-fixed-load"]
+    targets, _ = select_targets(parse_args([*args, "--dtypes", "float32,bfloat16"]), SMOKE)
+    assert [t.label for t in targets] == ["bucketserve@float32", "bucketserve@bfloat16"]
+    assert [ServeConfig(**t.overrides).dtype for t in targets] == ["float32", "bfloat16"]
+    plain, _ = select_targets(parse_args(args), SMOKE)
+    assert [t.label for t in plain] == ["bucketserve"] and "dtype" not in plain[0].overrides

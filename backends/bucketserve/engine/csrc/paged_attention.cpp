@@ -15,7 +15,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <xmmintrin.h>  // _mm_prefetch
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -57,7 +56,7 @@ inline void for_each_token(const T* cache, const PagedKv<T>& kv, const int32_t* 
       if (ahead < t1) {
         const char* p = reinterpret_cast<const char*>(
             cache + table[blk] * kv.block_stride + slot * kv.token_stride + offset);
-        for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
         ++ahead;
         if (++slot == bs) slot = 0, ++blk;
       }
