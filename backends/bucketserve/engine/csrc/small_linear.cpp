@@ -1,13 +1,17 @@
 // bf16 linears for decode steps of 1-4 rows, on CPUs with AVX512-BF16: y = x W^T (+ b), fp32
 // accumulation, one sequential pass over W's plain [N, K] rows. At these row counts a decode
 // step only streams the weights; oneDNN's packed GEMM (padded to 4 rows) read the SmolLM2
-// weight set at ~20 GB/s on the 2-core VM, this loop at ~26-28 GB/s (a plain sum over 1 GiB:
-// 35-50 GB/s; docs/measurements.md, 2026-12-06). Rows are split over ATen's threads; each row
-// keeps two accumulators per input row (alternate 32-element blocks) and is reduced once.
+// weight set at ~20 GB/s on the 2-core VM, this loop at ~30 GB/s when a plain sum read 33-35
+// and up to ~50 when the sum read 50-60 (docs/measurements.md, 2026-12-06). Rows are split
+// over torch's intra-op threads; each row keeps two accumulators per input row (alternate
+// 32-element blocks) and is reduced once.
 #include "common.h"
 #include "kernels.h"
 
 #include <ATen/Parallel.h>
+#include <omp.h>
+
+#include <algorithm>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -26,7 +30,14 @@ template <int M>
 void rows_times_weights(const bf16* x, const bf16* w, const bf16* bias, bf16* out, int64_t n_out,
                         int64_t k) {
   const int64_t blocks = k / 32;
-  at::parallel_for(0, n_out, 64, [&](int64_t n0, int64_t n1) {
+  // One contiguous share of the rows per thread, through OpenMP directly rather than
+  // at::parallel_for (its per-call set-up, paid ~120 times a step: 3-5 % of the layer set's
+  // GEMV time in interleaved rounds). Nested in another parallel region it runs on one thread.
+  const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), (n_out + 63) / 64));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    const int64_t share = (n_out + omp_get_num_threads() - 1) / omp_get_num_threads();
+    const int64_t n0 = std::min(n_out, omp_get_thread_num() * share), n1 = std::min(n_out, n0 + share);
     for (int64_t n = n0; n < n1; ++n) {
       const bf16* row = w + n * k;
       __m512 even[M], odd[M];
@@ -55,7 +66,7 @@ void rows_times_weights(const bf16* x, const bf16* w, const bf16* bias, bf16* ou
       for (int m = 0; m < M; ++m)
         out[m * n_out + n] = cast<bf16>(_mm512_reduce_add_ps(_mm512_add_ps(even[m], odd[m])) + add);
     }
-  });
+  }
 }
 
 }  // namespace
