@@ -179,8 +179,11 @@ def measure(benches: list, prompts: list[list[int]], args: Args, bandwidth) -> l
             t_prefill, t_decode = bench.run(prompts, args.decode_steps)
             runs[i].append((t_prefill, t_decode, max(before, bandwidth())))
     return [
-        Timing(statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs),
-               [(1e3 * r[1] / args.decode_steps, r[2]) for r in rs])  # fmt: skip
+        Timing(
+            statistics.median(r[0] for r in rs),
+            statistics.median(r[1] for r in rs),
+            [(1e3 * r[1] / args.decode_steps, r[2]) for r in rs],
+        )  # fmt: skip
         for rs in runs
     ]
 

@@ -3,9 +3,9 @@ curve on any machine (a shared 2-core CPU and a quiet one differ several-fold)."
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
+from bucketserve.bench import aio
 from bucketserve.bench.loadgen import LoadConfig, run_closed_loop
 from bucketserve.bench.metrics import summarize
 from bucketserve.bench.workloads import BenchRequest
@@ -20,7 +20,7 @@ def probe_capacity(url: str, reqs: list[BenchRequest]) -> float:
     requests: roughly the rate at which the server saturates."""
     cfg = LoadConfig(url=url, duration_s=PROBE_TIMEOUT_S, max_requests=PROBE_REQUESTS,
                      drain_s=PROBE_TIMEOUT_S)  # fmt: skip
-    records = asyncio.run(run_closed_loop(reqs[:PROBE_REQUESTS], PROBE_CONCURRENCY, cfg))
+    records = aio.run(run_closed_loop(reqs[:PROBE_REQUESTS], PROBE_CONCURRENCY, cfg))
     served = summarize("probe", 0.0, records).served_rate
     if served <= 0:
         raise RuntimeError("capacity probe finished no request")

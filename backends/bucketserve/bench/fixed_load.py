@@ -12,13 +12,12 @@ AIPerf by their own CSVs. Each tool's client CPU time is measured (getrusage).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bucketserve.bench import aiperf_run, genai_perf, perf_analyzer
+from bucketserve.bench import aio, aiperf_run, genai_perf, perf_analyzer
 from bucketserve.bench.loadgen import LoadConfig, run_closed_loop
 from bucketserve.bench.metrics import RunSummary, summarize
 from bucketserve.bench.records import write_jsonl
@@ -120,7 +119,7 @@ def _cpu_s(who: int) -> float:
 def _run_ours(srv, reqs, concurrency: int, out: Path, name: str, timeout_s: float):
     cfg = LoadConfig(url=srv.grpc_url, duration_s=3600.0, max_requests=len(reqs), drain_s=timeout_s)
     cpu = _cpu_s(resource.RUSAGE_SELF)
-    records = asyncio.run(run_closed_loop(reqs, concurrency, cfg))
+    records = aio.run(run_closed_loop(reqs, concurrency, cfg))
     cpu = _cpu_s(resource.RUSAGE_SELF) - cpu
     write_jsonl(records, out / "requests" / f"fixed_{name}_c{concurrency}.jsonl")
     return summarize(name, 0.0, records), records, cpu

@@ -16,6 +16,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 
+from bucketserve.bench import aio
 from bucketserve.bench.records import RequestRecord
 from bucketserve.bench.workloads import BenchRequest
 
@@ -241,7 +242,7 @@ def warm_up(reqs: list[BenchRequest], cfg: LoadConfig, n: int = 4, concurrency: 
         temperature=cfg.temperature,
         seed=cfg.seed,
     )
-    records = asyncio.run(run_closed_loop(reqs, min(concurrency, n), wcfg))
+    records = aio.run(run_closed_loop(reqs, min(concurrency, n), wcfg))
     failed = [r.error for r in records if not r.ok]
     if failed:
         raise RuntimeError(f"warm-up failed: {failed[0]}")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from bucketserve.bench import prom
+from bucketserve.bench import aio, prom
 from bucketserve.bench.runinfo import cpu_model, git_commit, machine_name
 from bucketserve.bench.soak_client import CANCELLED, FINISHED, Outcome, Target, run_one
 from bucketserve.bench.soak_cycles import run_cycles
@@ -206,7 +206,7 @@ def soak(a) -> dict:
         cap = (
             0.0
             if a.rate
-            else asyncio.run(capacity(target, a.capacity_s, a.capacity_concurrency, a.seed + 1))
+            else aio.run(capacity(target, a.capacity_s, a.capacity_concurrency, a.seed + 1))
         )
         rate = a.rate or a.rate_mult * cap
         report.update(capacity_rps=cap, rate_rps=rate)
@@ -222,7 +222,7 @@ def soak(a) -> dict:
             warm_at.append(time.monotonic())
             private.update(warm=rss_by_process(sp, private=True))
 
-        outs = asyncio.run(load(sp, target, a, rate, warm_cb, fault_cb, timeline))
+        outs = aio.run(load(sp, target, a, rate, warm_cb, fault_cb, timeline))
         rss["end"], private["end"] = rss_by_process(sp), rss_by_process(sp, private=True)
         report["rss_growth_pct"] = rss_growth(rss)
         report["private_rss_growth_pct"] = rss_growth(private)

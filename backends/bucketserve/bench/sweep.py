@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bucketserve.bench import prom
+from bucketserve.bench import aio, prom
 from bucketserve.bench.loadgen import LoadConfig, run_open_loop, warm_up
 from bucketserve.bench.metrics import RunSummary, summarize
 from bucketserve.bench.records import RequestRecord, write_jsonl
@@ -92,7 +91,7 @@ def measure_rate(
     )
     before = prom.scrape(srv.metrics_url)
     load_before = os.getloadavg()[0]
-    records = asyncio.run(run_open_loop(reqs, send_times / rate, rate, cfg))
+    records = aio.run(run_open_loop(reqs, send_times / rate, rate, cfg))
     server = prom.delta(before, prom.scrape(srv.metrics_url))
     s = summarize(label, rate, records, window_s=plan.duration_s)
     s.sched_ms_per_request = (

@@ -140,3 +140,18 @@ def test_dtype_comparison_runs_each_policy_in_each_dtype():
     assert [ServeConfig(**t.overrides).dtype for t in targets] == ["float32", "bfloat16"]
     plain, _ = select_targets(parse_args(args), SMOKE)
     assert [t.label for t in plain] == ["bucketserve"] and "dtype" not in plain[0].overrides
+
+
+def test_benchmark_clients_share_one_event_loop():
+    """bench.aio.run keeps one loop per process: grpc.aio's poller, bound to the first loop,
+    must not be left calling into a closed one by a second sweep (a second asyncio.run)."""
+    import asyncio
+
+    from bucketserve.bench import aio
+
+    async def current():
+        await asyncio.sleep(0)
+        return asyncio.get_running_loop()
+
+    first, second = aio.run(current()), aio.run(current())
+    assert first is second and not first.is_closed()
