@@ -76,13 +76,14 @@ inline __m512 load16(const bf16* p) {  // bf16 -> float: the 16 bits become the 
 #endif
 
 // s[g * stride] = scale * (q row g . key) for the G query rows that share one KV head.
-template <typename T>
+// C: dim / 16 when known at compile time (the loops unroll, the row stays in registers), else 0.
+template <int C, typename T>
 inline void key_scores(const float* q, const T* key, int64_t group, int64_t dim, float scale,
                        float* s, int64_t stride) {
 #if defined(__AVX512F__)
   if (dim % 16 == 0 && dim <= kMaxVecDim) {
     __m512 k[kMaxVecDim / 16];
-    const int64_t chunks = dim / 16;
+    const int64_t chunks = C ? C : dim / 16;
     for (int64_t c = 0; c < chunks; ++c) k[c] = load16(key + c * 16);
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * dim;
@@ -103,10 +104,11 @@ inline void key_scores(const float* q, const T* key, int64_t group, int64_t dim,
 #if defined(__AVX512BF16__)
 // bf16 q and keys: the products pairwise by vdpbf16ps (each bf16 x bf16 product is exact in
 // float32), D / 32 instructions per row and no conversion of the key.
-inline void key_scores(const bf16* q, const bf16* key, int64_t group, int64_t dim, float scale,
-                       float* s, int64_t stride) {
+template <int C>
+inline void key_scores_bf16(const bf16* q, const bf16* key, int64_t group, int64_t dim,
+                            float scale, float* s, int64_t stride) {
   __m512bh k[kMaxVecDim / 32];
-  const int64_t chunks = dim / 32;
+  const int64_t chunks = C ? C / 2 : dim / 32;
   for (int64_t c = 0; c < chunks; ++c) k[c] = (__m512bh)_mm512_loadu_si512(key + c * 32);
   for (int64_t g = 0; g < group; ++g) {
     const bf16* qg = q + g * dim;
@@ -119,13 +121,13 @@ inline void key_scores(const bf16* q, const bf16* key, int64_t group, int64_t di
 #endif
 
 // acc row g += p[g * stride] * value, for the G query rows that share one KV head.
-template <typename T>
+template <int C, typename T>
 inline void add_value(float* acc, const float* p, int64_t stride, const T* value, int64_t group,
                       int64_t dim) {
 #if defined(__AVX512F__)
   if (dim % 16 == 0 && dim <= kMaxVecDim) {
     __m512 v[kMaxVecDim / 16];
-    const int64_t chunks = dim / 16;
+    const int64_t chunks = C ? C : dim / 16;
     for (int64_t c = 0; c < chunks; ++c) v[c] = load16(value + c * 16);
     for (int64_t g = 0; g < group; ++g) {
       const __m512 w = _mm512_set1_ps(p[g * stride]);
@@ -146,7 +148,8 @@ inline void add_value(float* acc, const float* p, int64_t stride, const T* value
 // q: those heads' rows of D floats; scores: room for rows * (t1 - t0) floats. Writes per row
 // its max score, its sum of exp(score - max) and, into acc, its exp-weighted sum of values.
 // q_raw: the same rows as T when they are contiguous, else null (bf16 scores read them as is).
-template <typename T>
+// C: as key_scores.
+template <int C, typename T>
 void attend_part(const PagedKv<T>& kv, const int32_t* table, int64_t t0, int64_t t1, int64_t h0,
                  int64_t h1, int64_t group, const float* q, const T* q_raw, float scale,
                  float* scores, float* row_max, float* row_sum, float* acc) {
@@ -159,10 +162,16 @@ void attend_part(const PagedKv<T>& kv, const int32_t* table, int64_t t0, int64_t
   for_each_token(kv.k, kv, table, t0, t1, offset, bytes, [&](int64_t t, const T* token) {
     for (int64_t h = h0; h < h1; ++h) {
       float* s = scores + (h - h0) * group * n + (t - t0);
-      if (raw)
-        key_scores(q_raw + (h - h0) * group * dim, token + h * kv.head_stride, group, dim, scale, s, n);
-      else
-        key_scores(q + (h - h0) * group * dim, token + h * kv.head_stride, group, dim, scale, s, n);
+      const T* key = token + h * kv.head_stride;
+#if defined(__AVX512BF16__)
+      if constexpr (std::is_same_v<T, bf16>) {
+        if (raw) {
+          key_scores_bf16<C>(q_raw + (h - h0) * group * dim, key, group, dim, scale, s, n);
+          continue;
+        }
+      }
+#endif
+      key_scores<C>(q + (h - h0) * group * dim, key, group, dim, scale, s, n);
     }
   });
   for (int64_t r = 0; r < rows; ++r) {
@@ -179,7 +188,7 @@ void attend_part(const PagedKv<T>& kv, const int32_t* table, int64_t t0, int64_t
   std::fill(acc, acc + rows * dim, 0.f);
   for_each_token(kv.v, kv, table, t0, t1, offset, bytes, [&](int64_t t, const T* token) {
     for (int64_t h = h0; h < h1; ++h)
-      add_value(acc + (h - h0) * group * dim, scores + (h - h0) * group * n + (t - t0), n,
+      add_value<C>(acc + (h - h0) * group * dim, scores + (h - h0) * group * n + (t - t0), n,
                 token + h * kv.head_stride, group, dim);
   });
 }
@@ -273,8 +282,14 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& k_cache
         float* p = partial.data() + item * item_floats;
         const T* q_raw = q.stride(1) == head_dim
                              ? q_ptr + b * q.stride(0) + h0 * group * head_dim : nullptr;
-        attend_part(kv, table_ptr + b * max_blocks, t0, t1, h0, h0 + heads_per_item, group,
-                    q_rows.data(), q_raw, fscale, scores.data(), p, p + rows, p + 2 * rows);
+        const auto run_part = [&](auto chunks) {
+          attend_part<decltype(chunks)::value>(kv, table_ptr + b * max_blocks, t0, t1, h0,
+                                               h0 + heads_per_item, group, q_rows.data(), q_raw,
+                                               fscale, scores.data(), p, p + rows, p + 2 * rows);
+        };
+        if (head_dim == 64) run_part(std::integral_constant<int, 4>{});
+        else if (head_dim == 128) run_part(std::integral_constant<int, 8>{});
+        else run_part(std::integral_constant<int, 0>{});
       }
     });
     // Merge each (sequence, head item)'s parts: rescale each to the largest max, normalise.
