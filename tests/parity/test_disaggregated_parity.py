@@ -27,7 +27,7 @@ PREFILL_BATCH = 9  # several packed prefill batches, each handed off as it compl
 def test_prefill_and_decode_in_separate_processes(model_dir, torch_threads, dtype, request):
     if dtype == "bfloat16" and not cpu_bf16_flags():
         pytest.skip(
-            "the CPU has no native bf16 (runs on CPUs with avx512_bf16 or amx_bf16, e.g. this VM)"
+            "the CPU has no native bf16 (runs on CPUs with avx512_bf16 or amx_bf16, e.g. an AMD EPYC Zen 4 VM)"
         )
     references = request.getfixturevalue("references" if dtype == "float32" else "bf16_references")
     tag = f"{os.getpid() % 100000}{time.monotonic_ns() % 1000}"

@@ -55,6 +55,10 @@ def optimize(model: CausalLM, device: torch.device, dtype: torch.dtype,
         elementwise = "cpp"
     if not (is_cpu and dtype in CPU_DTYPES and is_onednn_available()):
         return "torch", elementwise
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        log.warning("bfloat16 on a CPU without bf16 GEMMs in oneDNN (it needs AVX512 BW/VL/DQ): "
+                    "linears run through torch's slow bf16 path; --dtype auto picks float32 here")  # fmt: skip
+        return "torch", elementwise
     try:
         pack_for_onednn(model)
     except RuntimeError as e:  # e.g. bf16 on a CPU without bf16 GEMMs
