@@ -122,22 +122,26 @@ def gemm_shapes(max_rows: int) -> list[int]:
     return sorted({padded_rows(r) for r in range(1, min(max_rows, CHUNK_ROWS) + 1)})
 
 
-SMALL_ROWS = 4  # bf16 steps of at most this many rows run small_linear (csrc/small_linear.cpp)
+SMALL_ROWS = 4  # steps of at most this many rows run small_linear (csrc/small_linear.cpp)
+# small_linear's K step: a weight row is read in whole 64-byte lines of this many elements.
+SMALL_K_STEP = {torch.bfloat16: 32, torch.float32: 16}
 
 
-def small_linear_available() -> bool:
-    """The C++ kernels are loaded and were built with AVX512-BF16 (small_linear runs)."""
-    return cpu_ops.load() and bool(torch.ops.bucketserve.small_linear_available())
+def small_linear_available(dtype: torch.dtype) -> bool:
+    """The C++ kernels are loaded and small_linear runs `dtype` on this CPU: bfloat16 with
+    AVX512-BF16, float32 with AVX2 + FMA and no AVX-512 (csrc/small_linear.cpp says why)."""
+    return cpu_ops.load() and bool(torch.ops.bucketserve.small_linear_available(dtype))
 
 
 class OneDnnLinear(nn.Module):
     """Inference-only Linear whose weight is pre-packed for oneDNN.
 
     MKL's sgemm on AMD CPUs runs its AVX2 path; oneDNN dispatches on ISA flags (AVX-512 on
-    Zen 4), which halves the LM-head matmul at decode batch sizes. In bf16 on a CPU with
-    AVX512-BF16 it also keeps the plain weight (`plain_weight`, the same bytes again): steps of
-    at most SMALL_ROWS rows run torch.ops.bucketserve.small_linear over it, which streams the
-    weights ~1.35x faster than oneDNN's padded 4-row GEMM (docs/measurements.md, 2026-12-06).
+    Zen 4), which halves the LM-head matmul at decode batch sizes. Where small_linear runs the
+    weight's dtype (bf16 with AVX512-BF16, fp32 on AVX2 CPUs) and `small` is set, it also
+    keeps the plain weight (`plain_weight`, the same bytes again): steps of at most SMALL_ROWS
+    rows run torch.ops.bucketserve.small_linear over it, which streams the weights 1.3-1.5x
+    faster than oneDNN's padded 4-row GEMM (docs/measurements.md, 2026-12-06).
     """
 
     def __init__(self, linear: nn.Linear, batch_hint: int = 16, small: bool = False) -> None:
@@ -147,7 +151,8 @@ class OneDnnLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
-        small = small and weight.dtype == torch.bfloat16 and self.in_features % 32 == 0
+        step = SMALL_K_STEP.get(weight.dtype)
+        small = small and step is not None and self.in_features % step == 0
         self.plain_weight = weight.contiguous() if small else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -193,10 +198,10 @@ def warm_onednn(model: CausalLM, max_rows: int, max_logit_rows: int) -> int:
 
 def pack_for_onednn(model: CausalLM, small: bool | None = None) -> int:
     """Swap every nn.Linear for a OneDnnLinear (CPU float32/bfloat16); returns how many.
-    `small` (default: small_linear_available()): bf16 linears also keep their plain weight
-    for small_linear."""
+    `small` (default: small_linear_available() for the model's dtype): linears also keep
+    their plain weight for small_linear."""
     if small is None:
-        small = small_linear_available()
+        small = small_linear_available(next(model.parameters()).dtype)
     targets = [
         (parent, name, child)
         for parent in model.modules()

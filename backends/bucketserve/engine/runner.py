@@ -126,7 +126,8 @@ class ModelRunner:
                 f"{self._threads()}")  # fmt: skip
 
     def _small_linears(self) -> bool:
-        """bf16 linears of 1-4 rows run csrc/small_linear.cpp (AVX512-BF16 CPUs)."""
+        """Linears of 1-4 rows run csrc/small_linear.cpp (bf16 on AVX512-BF16 CPUs, fp32 on AVX2
+        CPUs without AVX-512)."""
         return any(getattr(m, "plain_weight", None) is not None for m in self.model.modules())
 
     def _threads(self) -> str:

@@ -15,7 +15,7 @@ void rope_and_store_kv(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                        const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
                        const at::Tensor& v_cache, const at::Tensor& slot_mapping);
 constexpr int64_t kSmallLinearRows = 4;  // small_linear takes 1..4 rows
-bool small_linear_available();
+bool small_linear_available(at::ScalarType dtype);
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
                         const std::optional<at::Tensor>& bias);
 at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
