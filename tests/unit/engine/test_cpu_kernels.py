@@ -64,12 +64,15 @@ def test_paged_attention_of_a_sequence_does_not_depend_on_its_batch(kernels, dty
     torch.testing.assert_close(batched.float(), ref, rtol=tol, atol=tol)
 
 
-def test_paged_attention_scalar_path_for_head_dims_off_the_vector_width():
-    """head_dim 40 (not a multiple of 16) takes the scalar loops, over several parts."""
+@pytest.mark.parametrize("head_dim", [36, 40])
+def test_paged_attention_scalar_path_for_head_dims_off_the_vector_width(head_dim):
+    """head_dims the compiled widths do not fix, over several parts: 36 takes the scalar loops
+    everywhere; 40 the scalar loops with AVX-512 (16 wide) and the 8-wide vector loops with
+    their chunk count read at run time on AVX2."""
     gen = torch.Generator().manual_seed(5)
     lengths = [130, 3]
-    k_cache, v_cache, tables = scattered_paged_cache(lengths, 8, 2, 40, gen, 32)
-    q = torch.randn(2, 4, 40, generator=gen)
+    k_cache, v_cache, tables = scattered_paged_cache(lengths, 8, 2, head_dim, gen, 32)
+    q = torch.randn(2, 4, head_dim, generator=gen)
     ours = paged_decode(CpuPagedBackend(), q, k_cache, v_cache, tables, lengths)
     ref = paged_decode(SdpaBackend(), q, k_cache, v_cache, tables, lengths)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
