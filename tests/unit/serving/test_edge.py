@@ -171,3 +171,14 @@ def test_a_client_that_hangs_up_on_a_whole_answer_stops_its_request(edge, path, 
     while front.inflight and time.monotonic() < deadline:
         time.sleep(0.02)
     assert front.inflight == 0
+
+
+def test_free_port_never_hands_out_a_port_twice(monkeypatch):
+    """The kernel gave one ephemeral port to two binds in a row (gRPC and metrics of one
+    server, which then would not start): free_port asks again until the port is new."""
+    from bucketserve.serving.launch import ports
+
+    given = iter([41001, 41001, 41002, 41001, 41003])
+    monkeypatch.setattr(ports, "_handed_out", set())
+    monkeypatch.setattr(ports, "_ephemeral_port", lambda: next(given))
+    assert [ports.free_port() for _ in range(3)] == [41001, 41002, 41003]

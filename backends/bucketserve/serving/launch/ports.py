@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -65,11 +66,32 @@ def local_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on now (tests, internal endpoints)."""
+def _ephemeral_port() -> int:
+    """The port the kernel gives a loopback socket bound to port 0 (closed again)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_handed_out: set[int] = set()  # every port free_port returned in this process
+_handed_out_lock = threading.Lock()
+FREE_PORT_TRIES = 1000
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now and that this process has not handed out before
+    (tests, internal endpoints). The kernel may give the same ephemeral port to two binds in a
+    row once the first socket is closed: a server asked for three ports at once then got one
+    port for gRPC and metrics, and tritonserver refused to start."""
+    with _handed_out_lock:
+        for _ in range(FREE_PORT_TRIES):
+            port = _ephemeral_port()
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise RuntimeError(
+        f"no loopback port this process has not handed out in {FREE_PORT_TRIES} tries"
+    )
 
 
 def triton_port_error(log_text: str, host: str, ports: list[Port]) -> PortUnavailable | None:
