@@ -36,8 +36,9 @@ def test_each_dtype_runs_where_its_instructions_are():
 @pytest.fixture(params=[BF16, F32], ids=["bfloat16", "float32"])
 def dtype(request):
     if not small_linear_available(request.param):
-        pytest.skip(f"small_linear has no {request.param} kernel on this CPU (bf16: AVX512-BF16; "
-                    "float32: AVX2 + FMA without AVX-512)")  # fmt: skip
+        pytest.skip(f"small_linear has no {request.param} kernel on this CPU; the bf16 tests run "
+                    "on CPUs with AVX512-BF16 (Zen 4, Cooper Lake and later), the float32 ones "
+                    "on AVX2 + FMA CPUs without AVX-512 (most laptops)")  # fmt: skip
     return request.param
 
 
