@@ -10,12 +10,12 @@ import time
 
 import pytest
 from bucketserve.engine.block_manager import BlockManager
-from bucketserve.engine.config import EngineConfig, cpu_bf16_flags
+from bucketserve.engine.config import EngineConfig
 from bucketserve.engine.runner import ModelRunner
 from bucketserve.engine.sequence import Sequence
 from bucketserve.kv.handoff import HandoffTable
 
-from tests.parity.bf16_refs import NEAR_TIE, Bf16Reference, divergence_gaps
+from tests.parity.bf16_refs import NEAR_TIE, Bf16Reference, divergence_gaps, hf_bf16_skip_reason
 from tests.parity.conftest import EOS_TOKEN_ID
 from tests.parity.disagg_worker import decode_worker
 
@@ -25,10 +25,8 @@ PREFILL_BATCH = 9  # several packed prefill batches, each handed off as it compl
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_prefill_and_decode_in_separate_processes(model_dir, torch_threads, dtype, request):
-    if dtype == "bfloat16" and not cpu_bf16_flags():
-        pytest.skip(
-            "the CPU has no native bf16 (runs on CPUs with avx512_bf16 or amx_bf16, e.g. an AMD EPYC Zen 4 VM)"
-        )
+    if dtype == "bfloat16" and hf_bf16_skip_reason():
+        pytest.skip(hf_bf16_skip_reason())
     references = request.getfixturevalue("references" if dtype == "float32" else "bf16_references")
     tag = f"{os.getpid() % 100000}{time.monotonic_ns() % 1000}"
     runner = ModelRunner(EngineConfig(model=model_dir, device="cpu", dtype=dtype,

@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bucketserve.engine.config import EngineConfig, cpu_bf16_flags
+from bucketserve.engine.config import EngineConfig
 from bucketserve.engine.llm_engine import LLMEngine
 from bucketserve.engine.runner import ModelRunner
 
-from tests.parity.bf16_refs import NEAR_TIE, divergence_gaps
+from tests.parity.bf16_refs import (
+    NEAR_TIE,
+    divergence_gaps,
+    engine_bf16_skip_reason,
+    hf_bf16_skip_reason,
+)
 from tests.parity.conftest import EOS_TOKEN_ID
 
 pytestmark = [
     pytest.mark.parity,
     pytest.mark.skipif(
-        not cpu_bf16_flags(),
-        reason="the CPU has no native bf16 (runs on CPUs with avx512_bf16 or amx_bf16, e.g. an AMD EPYC Zen 4 VM)",
+        engine_bf16_skip_reason() is not None, reason=str(engine_bf16_skip_reason())
     ),
 ]
 MAX_PERPLEXITY_DELTA = 0.01  # |bf16 / fp32 - 1|; measured -0.02 %
@@ -30,6 +34,7 @@ def bf16_runner(model_dir):
     r.close()
 
 
+@pytest.mark.skipif(hf_bf16_skip_reason() is not None, reason=str(hf_bf16_skip_reason()))
 @pytest.mark.parametrize("max_num_seqs", [1, 8])
 def test_bf16_greedy_matches_transformers_bf16_up_to_near_ties(
     bf16_runner, bf16_references, max_num_seqs

@@ -55,9 +55,10 @@ def optimize(model: CausalLM, device: torch.device, dtype: torch.dtype,
         elementwise = "cpp"
     if not (is_cpu and dtype in CPU_DTYPES and is_onednn_available()):
         return "torch", elementwise
-    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        log.warning("bfloat16 on a CPU without bf16 GEMMs in oneDNN (it needs AVX512 BW/VL/DQ): "
-                    "linears run through torch's slow bf16 path; --dtype auto picks float32 here")  # fmt: skip
+    if dtype == torch.bfloat16 and not onednn_bf16_gemms() and not small_linear_available(dtype):
+        log.warning("bfloat16 on a CPU without bf16 GEMMs in oneDNN (it needs AVX512 BW/VL/DQ) "
+                    "or AVX2: linears run through torch's slow bf16 path; --dtype auto picks "
+                    "float32 here")  # fmt: skip
         return "torch", elementwise
     try:
         pack_for_onednn(model)
@@ -67,6 +68,21 @@ def optimize(model: CausalLM, device: torch.device, dtype: torch.dtype,
     if elementwise == "cpp":
         use_decode_layers(model)
     return "onednn", elementwise
+
+
+def onednn_bf16_gemms() -> bool:
+    """oneDNN runs bf16 GEMMs on this CPU (AVX512 BW/VL/DQ; natively with AVX512-BF16 or AMX)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype oneDNN's GEMMs run for weights of `dtype`: float32 for bf16 weights on CPUs
+    without oneDNN bf16 GEMMs (AVX2 only), whose bf16 values are exact in float32 (the products
+    and sums are then those of a bf16 GEMM with fp32 accumulation; its output is rounded back
+    to bf16); otherwise `dtype` itself."""
+    if dtype == torch.bfloat16 and not onednn_bf16_gemms():
+        return torch.float32
+    return dtype
 
 
 def is_onednn_available() -> bool:
@@ -122,15 +138,20 @@ def gemm_shapes(max_rows: int) -> list[int]:
     return sorted({padded_rows(r) for r in range(1, min(max_rows, CHUNK_ROWS) + 1)})
 
 
-SMALL_ROWS = 4  # steps of at most this many rows run small_linear (csrc/small_linear.cpp)
 # small_linear's K step: a weight row is read in whole 64-byte lines of this many elements.
 SMALL_K_STEP = {torch.bfloat16: 32, torch.float32: 16}
 
 
+def small_linear_rows(dtype: torch.dtype) -> int:
+    """The most rows small_linear (csrc/small_linear.cpp, which says why) runs in `dtype` on
+    this CPU, 0 where it does not: bfloat16 with AVX512-BF16 4; on CPUs with AVX2 + FMA and no
+    AVX-512, float32 4 and bfloat16 16."""
+    return int(torch.ops.bucketserve.small_linear_rows(dtype)) if cpu_ops.load() else 0
+
+
 def small_linear_available(dtype: torch.dtype) -> bool:
-    """The C++ kernels are loaded and small_linear runs `dtype` on this CPU: bfloat16 with
-    AVX512-BF16, float32 with AVX2 + FMA and no AVX-512 (csrc/small_linear.cpp says why)."""
-    return cpu_ops.load() and bool(torch.ops.bucketserve.small_linear_available(dtype))
+    """The C++ kernels are loaded and small_linear runs `dtype` on this CPU."""
+    return small_linear_rows(dtype) > 0
 
 
 class OneDnnLinear(nn.Module):
@@ -138,22 +159,29 @@ class OneDnnLinear(nn.Module):
 
     MKL's sgemm on AMD CPUs runs its AVX2 path; oneDNN dispatches on ISA flags (AVX-512 on
     Zen 4), which halves the LM-head matmul at decode batch sizes. Where small_linear runs the
-    weight's dtype (bf16 with AVX512-BF16, fp32 on AVX2 CPUs) and `small` is set, it also
-    keeps the plain weight (`plain_weight`, the same bytes again): steps of at most SMALL_ROWS
-    rows run torch.ops.bucketserve.small_linear over it, which streams the weights 1.3-1.5x
-    faster than oneDNN's padded 4-row GEMM (docs/measurements.md, 2026-12-06).
+    weight's dtype (bf16 with AVX512-BF16 or AVX2, fp32 on AVX2 CPUs) and `small` is set, it
+    also keeps the plain weight (`plain_weight`): steps of at most `small_rows` rows
+    (small_linear_rows) run torch.ops.bucketserve.small_linear over it, which streams the
+    weights 1.3-2x faster than oneDNN's GEMMs (docs/measurements.md, 2026-12-06). bf16 weights
+    on CPUs without oneDNN bf16 GEMMs are packed in float32 (`gemm_dtype`): larger steps run
+    fp32 GEMMs over them, their inputs widened and outputs rounded back to bf16.
     """
 
     def __init__(self, linear: nn.Linear, batch_hint: int = 16, small: bool = False) -> None:
         super().__init__()
         weight = linear.weight.detach()
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
-        self.bias = None if linear.bias is None else linear.bias.detach()
-        self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
+        self.gemm_dtype = gemm_dtype(weight.dtype)
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(
+            weight.to(self.gemm_dtype), batch_hint
+        )
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.gemm_bias = None if self.bias is None else self.bias.to(self.gemm_dtype)
+        self.out_features, self.in_features = weight.shape
         step = SMALL_K_STEP.get(weight.dtype)
         small = small and step is not None and self.in_features % step == 0
         self.plain_weight = weight.contiguous() if small else None
+        self.small_rows = small_linear_rows(weight.dtype) if small else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, in] -> [N, out]; above CHUNK_ROWS rows in chunks (same speed: the GEMM is
@@ -168,13 +196,16 @@ class OneDnnLinear(nn.Module):
 
     def _gemm(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
-        if self.plain_weight is not None and 0 < rows <= SMALL_ROWS:
+        if 0 < rows <= self.small_rows:
             return torch.ops.bucketserve.small_linear(x.contiguous(), self.plain_weight, self.bias)
         target = padded_rows(rows)  # few distinct shapes; 1-2 row kernels are slower
+        x = x.to(self.gemm_dtype)
         if target != rows:
             x = F.pad(x, (0, 0, 0, target - rows))
-        out = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-        return out[:rows]
+        out = torch.ops.mkldnn._linear_pointwise(
+            x, self.packed_weight, self.gemm_bias, "none", [], ""
+        )
+        return out[:rows].to(self.dtype)
 
 
 @torch.inference_mode()

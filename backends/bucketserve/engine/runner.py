@@ -20,7 +20,7 @@ from bucketserve.engine.config import EngineConfig, dtype_reason, resolve_device
 from bucketserve.engine.cuda_graphs import DecodeGraphs
 from bucketserve.engine.decode_inputs import StaticDecodeInputs
 from bucketserve.engine.device import bind_thread, device_context
-from bucketserve.engine.fusion import WARM_LOGIT_ROWS, optimize, warm_onednn
+from bucketserve.engine.fusion import WARM_LOGIT_ROWS, OneDnnLinear, optimize, warm_onednn
 from bucketserve.engine.guided import GrammarCache
 from bucketserve.engine.kv_pool import allocate_kv_pool, auto_num_blocks
 from bucketserve.engine.sampler import SampleOutput, Sampler, SampleRow
@@ -119,16 +119,27 @@ class ModelRunner:
         return (f"{self.config.model} on {self.device} {str(self.dtype).removeprefix('torch.')} "
                 f"({self.dtype_reason}): "
                 f"attention {self.attention_backend}, linears {self.linear_impl}"
-                f"{' (1-4 rows: small_linear)' if self._small_linears() else ''}, "
+                f"{self._linear_detail()}, "
                 f"norms/rope/SwiGLU {self.elementwise_impl}, decode "
                 f"{'CUDA graphs' if self.uses_cuda_graphs else 'eager'}, "
                 f"{self.num_blocks} KV blocks of {self.block_size} tokens{self.warmed}"
                 f"{self._threads()}")  # fmt: skip
 
-    def _small_linears(self) -> bool:
-        """Linears of 1-4 rows run csrc/small_linear.cpp (bf16 on AVX512-BF16 CPUs, fp32 on AVX2
-        CPUs without AVX-512)."""
-        return any(getattr(m, "plain_weight", None) is not None for m in self.model.modules())
+    def _linear_detail(self) -> str:
+        """What runs the oneDNN linears' small steps (csrc/small_linear.cpp: bf16 on AVX512-BF16
+        CPUs, fp32 and bf16 on AVX2 CPUs without AVX-512) and in which dtype their GEMMs run
+        when it is not the model's (bf16 weights on CPUs without oneDNN bf16 GEMMs)."""
+        linears = [m for m in self.model.modules() if isinstance(m, OneDnnLinear)]
+        parts = []
+        rows = max((m.small_rows for m in linears), default=0)
+        if rows:
+            parts.append(f"1-{rows} rows: small_linear")
+        gemm = {m.gemm_dtype for m in linears if m.gemm_dtype != m.dtype}
+        if gemm:
+            names = ", ".join(sorted(str(d).removeprefix("torch.") for d in gemm))
+            parts.append(f"GEMMs in {names} over the {str(self.dtype).removeprefix('torch.')} "
+                         "weights")  # fmt: skip
+        return f" ({'; '.join(parts)})" if parts else ""
 
     def _threads(self) -> str:
         """CPU: the intra-op threads this instance runs with (the serving layer splits the

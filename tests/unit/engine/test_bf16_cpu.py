@@ -12,6 +12,7 @@ from bucketserve.engine.attention import store_kv
 from bucketserve.engine.attention.cpu_paged import CpuPagedBackend
 from bucketserve.engine.attention.sdpa import SdpaBackend
 from bucketserve.engine.config import EngineConfig, auto_dtype, dtype_reason, resolve_dtype
+from bucketserve.engine.fusion import OneDnnLinear
 from bucketserve.engine.model import RMSNorm
 from bucketserve.engine.rope import apply_rope
 from bucketserve.engine.runner import ModelRunner
@@ -110,18 +111,38 @@ def test_kernels_reject_mixed_dtypes(kernels):
 def test_bf16_runner_with_kernels_matches_its_eager_reference(model):
     """bf16 fast path (C++ kernels, fused oneDNN bf16 linears) against the bf16 HF layout."""
 
-    # oneDNN's bf16 GEMMs need AVX512 (BW/VL/DQ); on AVX2-only CPUs the linears stay torch's.
-    linears = "onednn" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "torch"
+    # oneDNN's bf16 GEMMs need AVX512 (BW/VL/DQ); on AVX2-only CPUs the packed weights are
+    # float32 copies of the bf16 ones (and small_linear reads the bf16 ones).
 
     def check(runner, fast):
         assert runner.pool.dtype == BF16
         assert (runner.linear_impl, runner.elementwise_impl, runner.attention_backend) == (
-            (linears, "cpp", "cpu_paged") if fast else ("torch", "torch", "sdpa")
+            ("onednn", "cpp", "cpu_paged") if fast else ("torch", "torch", "sdpa")
         )
 
     for ours, ref in fast_and_eager_logits(model, check, dtype="bfloat16"):
         assert ours.dtype == torch.float32  # logits (and sampling) stay float32
         assert rel_err(ours, ref) < 3e-2  # bf16 keeps ~3 significant digits per op
+
+
+@pytest.mark.parametrize("rows", [5, 37])
+def test_bf16_linears_above_small_linear_rows_round_a_float32_product(rows):
+    """Every CPU: the oneDNN path of a bf16 OneDnnLinear is x W^T + b of the bf16 values with
+    fp32 accumulation, rounded once to bf16, whether oneDNN runs bf16 GEMMs (AVX-512) or
+    float32 GEMMs over float32 copies of the bf16 weights (AVX2: fusion.gemm_dtype)."""
+    g = torch.Generator().manual_seed(rows)
+    lin = torch.nn.Linear(576, 200, bias=True).to(BF16)
+    torch.nn.init.normal_(lin.weight, std=0.05, generator=g)
+    fused = OneDnnLinear(lin, small=True)
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert fused.gemm_dtype == (BF16 if native else torch.float32)
+    assert fused.packed_weight.dtype == fused.gemm_dtype
+    x = torch.randn(rows, 576, generator=g).to(BF16)
+    got = fused(x)
+    ref = x.double() @ lin.weight.double().T + lin.bias.double()
+    assert got.dtype == BF16 and got.shape == (rows, 200)
+    # one bf16 rounding (half an ulp: 2^-9 relative) of a float32 sum in some order
+    torch.testing.assert_close(got.double(), ref, rtol=2**-8, atol=1e-4 * ref.abs().max().item())
 
 
 def test_auto_picks_bf16_only_on_cpus_with_native_bf16(monkeypatch):

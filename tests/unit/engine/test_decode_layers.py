@@ -52,16 +52,13 @@ def decode_run(runner: ModelRunner, cls: type, batch: int) -> tuple[torch.Tensor
 def test_decode_layers_match_the_python_layers_bit_for_bit(model, dtype, qwen2_dir):
     assert cpu_ops.load(), cpu_ops.unavailable_reason()
     config = EngineConfig(model=qwen2_dir if model == "qwen2" else model, device="cpu",
-                          dtype=dtype, num_blocks=64, block_size=4)  # fmt: skip
+                          dtype=dtype, num_blocks=512, block_size=4)  # fmt: skip
     runner = ModelRunner(config)
     try:
-        if dtype == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            # No bf16 GEMMs in oneDNN on this CPU (AVX2 only): the linears stay torch's and the
-            # layers keep the Python path; decode_layers has nothing to run.
-            assert runner.linear_impl == "torch" and type(runner.model) is CausalLM
-            return
         assert type(runner.model) is CpuCausalLM and runner.attention_backend == "cpu_paged"
-        for batch in (1, 3, 6):
+        # 1, 3: small_linear's streaming loops (fp32 on AVX2, bf16); 6: oneDNN or, bf16 on
+        # AVX2, its blocked loop; 18: oneDNN everywhere (bf16 on AVX2: fp32 GEMMs, widened)
+        for batch in (1, 3, 6, 18):
             fast_logits, fast_pool = decode_run(runner, CpuCausalLM, batch)
             ref_logits, ref_pool = decode_run(runner, CausalLM, batch)
             assert torch.equal(fast_logits, ref_logits), (

@@ -28,26 +28,36 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const at
   return op.call(x, packed, b, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
 }
 
-// OneDnnLinear._gemm for one step: a bf16 step of at most kSmallLinearRows rows whose layer
-// kept its plain weight runs small_linear; otherwise inputs are padded with zero rows to
+// OneDnnLinear._gemm for one step: a step of at most small_linear_rows rows whose layer kept
+// its plain weight runs small_linear; otherwise inputs are padded with zero rows to
 // `gemm_rows` (one of the shapes warm_onednn ran) for oneDNN, outputs cut back to the step's
 // rows. One zeroed buffer per input width serves every layer: only its first rows are written.
+// A packed weight of another dtype than x (float32 for bf16 on CPUs without oneDNN bf16
+// GEMMs: fusion.gemm_dtype) gets x and the bias in its dtype and gives back x's.
 class StepLinears {
  public:
   StepLinears(int64_t rows, int64_t gemm_rows) : rows_(rows), gemm_rows_(gemm_rows) {}
 
   at::Tensor operator()(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& plain,
                         const at::Tensor& bias = at::Tensor()) {
-    if (plain.numel() && rows_ <= kSmallLinearRows) {
+    if (plain.numel() && rows_ <= small_linear_rows(plain.scalar_type())) {
       std::optional<at::Tensor> b;
       if (bias.defined() && bias.numel()) b = bias;
       return small_linear(x.contiguous(), plain, b);
     }
-    if (rows_ == gemm_rows_) return onednn_linear(x, packed, bias);
-    auto [it, fresh] = padded_.try_emplace(x.size(1));
-    if (fresh) it->second = at::zeros({gemm_rows_, x.size(1)}, x.options());
-    it->second.narrow(0, 0, rows_).copy_(x);
-    return onednn_linear(it->second, packed, bias).narrow(0, 0, rows_);
+    const auto gemm_dtype = packed.scalar_type();
+    const at::Tensor gemm_bias =
+        bias.defined() && bias.numel() ? bias.to(gemm_dtype) : at::Tensor();
+    at::Tensor out;
+    if (rows_ == gemm_rows_) {
+      out = onednn_linear(x.to(gemm_dtype), packed, gemm_bias);
+    } else {
+      auto [it, fresh] = padded_.try_emplace(x.size(1));
+      if (fresh) it->second = at::zeros({gemm_rows_, x.size(1)}, x.options().dtype(gemm_dtype));
+      it->second.narrow(0, 0, rows_).copy_(x);
+      out = onednn_linear(it->second, packed, gemm_bias).narrow(0, 0, rows_);
+    }
+    return out.to(x.scalar_type());
   }
 
  private:
@@ -61,7 +71,7 @@ class StepLinears {
 // cos, sin [B, head_dim] (x's dtype); weights: per layer, in order, input_layernorm.weight,
 // qkv_proj packed weight, qkv_proj bias (an empty tensor: none), o_proj packed weight,
 // post_attention_layernorm.weight, gate_up_proj packed weight, down_proj packed weight, then
-// the plain bf16 weights of qkv_proj, o_proj, gate_up_proj and down_proj for small_linear
+// the plain weights of qkv_proj, o_proj, gate_up_proj and down_proj for small_linear
 // (empty tensors: none, every step runs oneDNN); pool
 // [L, 2, N, block_size, KVH, head_dim]; slot_mapping, block_tables, context_lens as
 // rope_and_store_kv and paged_attention_decode take them. -> hidden [B, D] before the final norm.

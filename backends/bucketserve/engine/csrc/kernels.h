@@ -14,8 +14,10 @@ at::Tensor silu_and_mul(const at::Tensor& x);
 void rope_and_store_kv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
                        const at::Tensor& v_cache, const at::Tensor& slot_mapping);
-constexpr int64_t kSmallLinearRows = 4;  // small_linear takes 1..4 rows
-bool small_linear_available(at::ScalarType dtype);
+constexpr int64_t kGemvRows = 4;      // small_linear's streaming loops: 1..4 rows
+constexpr int64_t kBlockedRows = 16;  // its blocked loop (bf16 on AVX2 CPUs): up to 16 rows
+// The most rows small_linear takes in `dtype` on this CPU (0: it does not run `dtype`).
+int64_t small_linear_rows(at::ScalarType dtype);
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
                         const std::optional<at::Tensor>& bias);
 at::Tensor decode_layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

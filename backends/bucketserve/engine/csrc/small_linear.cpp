@@ -1,13 +1,18 @@
-// Linears for decode steps of 1-4 rows: y = x W^T (+ b), fp32 accumulation, one sequential
+// Linears for decode steps of a few rows: y = x W^T (+ b), fp32 accumulation, one sequential
 // pass over W's plain [N, K] rows. At these row counts a decode step only streams the weights,
 // and oneDNN's packed GEMM (padded to 4 rows) streams them well below the memory's rate:
-//  * bf16 on CPUs with AVX512-BF16: oneDNN read the SmolLM2 weight set at ~20 GB/s on the
-//    2-core Zen 4 VM, this loop at ~30 GB/s when a plain sum read 33-35 and up to ~50 when the
-//    sum read 50-60 (docs/measurements.md, 2026-12-06);
-//  * float32 on CPUs with AVX2 and FMA but no AVX-512: oneDNN's AVX2 GEMM read the fp32 weight
-//    set at 19 GB/s (4 rows) and 24 GB/s (1 row) on a 2-core AVX2 EPYC VM whose plain sum read
-//    31 GB/s (docs/measurements.md, 2026-12-06). On AVX-512 CPUs fp32 keeps oneDNN: this loop
-//    has not been measured against oneDNN's AVX-512 kernels there.
+//  * bf16 on CPUs with AVX512-BF16 (1-4 rows): oneDNN read the SmolLM2 weight set at ~20 GB/s
+//    on the 2-core Zen 4 VM, this loop at ~30 GB/s when a plain sum read 33-35 and up to ~50
+//    when the sum read 50-60 (docs/measurements.md, 2026-12-06);
+//  * float32 on CPUs with AVX2 and FMA but no AVX-512 (1-4 rows): oneDNN's AVX2 GEMM read the
+//    fp32 weight set at 19 GB/s (4 rows) and 24 GB/s (1 row) on a 2-core AVX2 EPYC VM whose
+//    plain sum read 31 GB/s. On AVX-512 CPUs fp32 keeps oneDNN: this loop has not been
+//    measured against oneDNN's AVX-512 kernels there;
+//  * bf16 on those AVX2 CPUs (1-16 rows; oneDNN has no bf16 GEMMs there, fusion.py packs a
+//    float32 copy for larger steps): half fp32's bytes, widened to float32 in registers. 1-4
+//    rows stream like fp32's loop; 5-16 rows run a blocked loop (two weight rows against
+//    groups of 4 x rows) that took 0.5-0.87x the time of oneDNN's fp32 GEMM over the float32
+//    copy (the same loop over fp32 weights only tied oneDNN, so fp32 keeps it).
 // Rows are split over torch's intra-op threads; each row keeps two accumulators per input row
 // (alternate blocks) and is reduced once.
 #include "common.h"
@@ -17,6 +22,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <vector>
 
 #if defined(__AVX512BF16__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -25,7 +31,7 @@
 namespace bucketserve {
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-#define BUCKETSERVE_SMALL_F32 1
+#define BUCKETSERVE_SMALL_AVX2 1
 #endif
 
 namespace {
@@ -47,7 +53,7 @@ inline void split_rows(int64_t n_out, Fn row_fn) {
 
 }  // namespace
 
-#if defined(BUCKETSERVE_SMALL_F32)
+#if defined(BUCKETSERVE_SMALL_AVX2)
 namespace {
 
 inline float hsum(__m256 v) {
@@ -78,6 +84,115 @@ void rows_times_weights_f32(const float* x, const float* w, const float* bias, f
       for (int m = 0; m < M; ++m) out[m * n_out + n] = hsum(_mm256_add_ps(even[m], odd[m])) + add;
     }
   });
+}
+
+// bfloat16 on AVX2 (no bf16 instructions): a bf16 is the top half of a float, so a 256-bit load
+// of 16 weights yields its 8 even-indexed ones as floats by a left shift of each 32-bit lane
+// and its 8 odd-indexed ones by masking off the low half, with no shuffles. `xs` holds x in
+// float32, each 16-element block de-interleaved to match (8 even, then 8 odd; `split_x`). The
+// weights stream at half fp32's bytes; the math is fp32 FMAs, as oneDNN's bf16 GEMMs do.
+template <int M>
+void rows_times_weights_bf16_avx2(const float* xs, const bf16* w, const bf16* bias, bf16* out,
+                                  int64_t n_out, int64_t k) {
+  split_rows(n_out, [&](int64_t n0, int64_t n1) {
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int64_t n = n0; n < n1; ++n) {
+      const bf16* row = w + n * k;
+      __m256 even[M], odd[M];
+      for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < k; b += 32) {  // one 64-byte line: two blocks of 16
+        _mm_prefetch(reinterpret_cast<const char*>(row + b) + 4 * 64, _MM_HINT_NTA);
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b));
+        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b + 16));
+        const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+        const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(v0, high));
+        const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+        const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(v1, high));
+        for (int m = 0; m < M; ++m) {
+          const float* xm = xs + m * k + b;
+          even[m] = _mm256_fmadd_ps(e0, _mm256_loadu_ps(xm), even[m]);
+          odd[m] = _mm256_fmadd_ps(o0, _mm256_loadu_ps(xm + 8), odd[m]);
+          even[m] = _mm256_fmadd_ps(e1, _mm256_loadu_ps(xm + 16), even[m]);
+          odd[m] = _mm256_fmadd_ps(o1, _mm256_loadu_ps(xm + 24), odd[m]);
+        }
+      }
+      const float add = bias ? f32(bias[n]) : 0.f;
+      for (int m = 0; m < M; ++m)
+        out[m * n_out + n] = cast<bf16>(hsum(_mm256_add_ps(even[m], odd[m])) + add);
+    }
+  });
+}
+
+// A block of 16 bf16 weights as two float vectors: its 8 even- and 8 odd-indexed ones (x
+// de-interleaved by split_x to match).
+inline void load16(const bf16* w, __m256& lo, __m256& hi) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// Two weight rows (r0, r1) times MB rows of xs [MB, K] (float32, in load16's order): the
+// 2 x MB dot products, each one 8-lane sum reduced once. Each x load feeds both rows.
+template <int MB>
+inline void two_by_rows(const float* xs, const bf16* r0, const bf16* r1, int64_t k, float* d0,
+                        float* d1) {
+  __m256 a0[MB], a1[MB];
+  for (int m = 0; m < MB; ++m) a0[m] = a1[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < k; b += 16) {
+    __m256 w0lo, w0hi, w1lo, w1hi;
+    load16(r0 + b, w0lo, w0hi);
+    load16(r1 + b, w1lo, w1hi);
+    for (int m = 0; m < MB; ++m) {
+      const __m256 xlo = _mm256_loadu_ps(xs + m * k + b);
+      a0[m] = _mm256_fmadd_ps(w0lo, xlo, a0[m]);
+      a1[m] = _mm256_fmadd_ps(w1lo, xlo, a1[m]);
+      const __m256 xhi = _mm256_loadu_ps(xs + m * k + b + 8);
+      a0[m] = _mm256_fmadd_ps(w0hi, xhi, a0[m]);
+      a1[m] = _mm256_fmadd_ps(w1hi, xhi, a1[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    d0[m] = hsum(a0[m]);
+    d1[m] = hsum(a1[m]);
+  }
+}
+// y [M, N] = xs [M, K] W [N, K]^T (+ b), bf16 W and y, for M of 5-16 rows: each thread takes
+// its share of W's rows two at a time and runs every group of 4 x rows over that pair while it
+// sits in L1, so W streams from memory once and x (16 rows of K floats) from L2.
+void blocked_rows_times_weights(const float* xs, const bf16* w, const bf16* bias, bf16* out,
+                                int64_t rows, int64_t n_out, int64_t k) {
+  split_rows(n_out, [&](int64_t n0, int64_t n1) {
+    float d0[4], d1[4];
+    for (int64_t n = n0; n < n1; n += 2) {
+      const bf16* r0 = w + n * k;
+      const bf16* r1 = n + 1 < n1 ? r0 + k : r0;  // an odd last row: computed twice, kept once
+      const float b0 = bias ? f32(bias[n]) : 0.f;
+      const float b1 = bias && n + 1 < n1 ? f32(bias[n + 1]) : 0.f;
+      for (int64_t m = 0; m < rows; m += 4) {
+        const float* xm = xs + m * k;
+        const int64_t mb = std::min<int64_t>(4, rows - m);
+        switch (mb) {
+          case 1: two_by_rows<1>(xm, r0, r1, k, d0, d1); break;
+          case 2: two_by_rows<2>(xm, r0, r1, k, d0, d1); break;
+          case 3: two_by_rows<3>(xm, r0, r1, k, d0, d1); break;
+          default: two_by_rows<4>(xm, r0, r1, k, d0, d1); break;
+        }
+        for (int64_t i = 0; i < mb; ++i) {
+          out[(m + i) * n_out + n] = cast<bf16>(d0[i] + b0);
+          if (n + 1 < n1) out[(m + i) * n_out + n + 1] = cast<bf16>(d1[i] + b1);
+        }
+      }
+    }
+  });
+}
+
+// x [M, K] bf16 -> float32 with each block of 16 de-interleaved: [x0 x2 .. x14 x1 x3 .. x15].
+void split_x(const bf16* x, float* xs, int64_t count) {
+  for (int64_t b = 0; b < count; b += 16)
+    for (int64_t i = 0; i < 8; ++i) {
+      xs[b + i] = f32(x[b + 2 * i]);
+      xs[b + 8 + i] = f32(x[b + 2 * i + 1]);
+    }
 }
 
 }  // namespace
@@ -129,14 +244,15 @@ void rows_times_weights(const bf16* x, const bf16* w, const bf16* bias, bf16* ou
 }  // namespace
 #endif
 
-bool small_linear_available(at::ScalarType dtype) {
+int64_t small_linear_rows(at::ScalarType dtype) {
 #if defined(__AVX512BF16__)
-  if (dtype == at::kBFloat16) return true;
+  if (dtype == at::kBFloat16) return kGemvRows;
 #endif
-#if defined(BUCKETSERVE_SMALL_F32)
-  if (dtype == at::kFloat) return true;
+#if defined(BUCKETSERVE_SMALL_AVX2)
+  if (dtype == at::kFloat) return kGemvRows;
+  if (dtype == at::kBFloat16) return kBlockedRows;
 #endif
-  return false;
+  return 0;
 }
 
 // K must be a multiple of a weight row's vector step: 32 bf16 or 16 floats (one 64-byte line).
@@ -148,12 +264,13 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
   const auto dtype = weight.scalar_type();
   TORCH_CHECK(x.scalar_type() == dtype && (dtype == at::kBFloat16 || dtype == at::kFloat),
               "small_linear takes x and weight of one dtype, bfloat16 or float32");
-  TORCH_CHECK(small_linear_available(dtype), "small_linear in ", dtype,
+  const int64_t max_rows = small_linear_rows(dtype);
+  TORCH_CHECK(max_rows > 0, "small_linear in ", dtype,
               " needs a build with AVX512-BF16 (bfloat16) or AVX2 + FMA without AVX-512 "
-              "(float32); this CPU or compiler has neither");
+              "(both dtypes); this CPU or compiler has neither");
   const int64_t rows = x.size(0), k = x.size(1), n_out = weight.size(0);
-  TORCH_CHECK(rows >= 1 && rows <= kSmallLinearRows, "x must have 1 to ", kSmallLinearRows,
-              " rows, got ", rows);
+  TORCH_CHECK(rows >= 1 && rows <= max_rows, "x must have 1 to ", max_rows, " rows in ", dtype,
+              " on this CPU, got ", rows);
   const int64_t step = small_linear_step(dtype);
   TORCH_CHECK(weight.size(1) == k && k % step == 0, "weight must be [N, ", k,
               "] with K a multiple of ", step, ", got ", weight.sizes());
@@ -179,7 +296,21 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
     }
   }
 #endif
-#if defined(BUCKETSERVE_SMALL_F32)
+#if defined(BUCKETSERVE_SMALL_AVX2)
+  if (dtype == at::kBFloat16) {
+    std::vector<float> xs(rows * k);
+    split_x(x.data_ptr<bf16>(), xs.data(), rows * k);
+    const bf16* wp = weight.data_ptr<bf16>();
+    const bf16* bp = static_cast<const bf16*>(b);
+    bf16* op = out.data_ptr<bf16>();
+    switch (rows) {
+      case 1: rows_times_weights_bf16_avx2<1>(xs.data(), wp, bp, op, n_out, k); break;
+      case 2: rows_times_weights_bf16_avx2<2>(xs.data(), wp, bp, op, n_out, k); break;
+      case 3: rows_times_weights_bf16_avx2<3>(xs.data(), wp, bp, op, n_out, k); break;
+      case 4: rows_times_weights_bf16_avx2<4>(xs.data(), wp, bp, op, n_out, k); break;
+      default: blocked_rows_times_weights(xs.data(), wp, bp, op, rows, n_out, k); break;
+    }
+  }
   if (dtype == at::kFloat) {
     const float* xp = x.data_ptr<float>();
     const float* wp = weight.data_ptr<float>();
