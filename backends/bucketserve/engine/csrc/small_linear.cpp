@@ -11,8 +11,9 @@
 //  * bf16 on those AVX2 CPUs (1-16 rows; oneDNN has no bf16 GEMMs there, fusion.py packs a
 //    float32 copy for larger steps): half fp32's bytes, widened to float32 in registers. 1-4
 //    rows stream like fp32's loop; 5-16 rows run a blocked loop (two weight rows against
-//    groups of 4 x rows) that took 0.5-0.87x the time of oneDNN's fp32 GEMM over the float32
-//    copy (the same loop over fp32 weights only tied oneDNN, so fp32 keeps it).
+//    groups of 4 x rows) that took 0.49-0.69x the time of oneDNN's fp32 GEMM over the float32
+//    copy at 5-8 rows and 0.77-0.94x at 12-16 (the same loop over fp32 weights only tied
+//    oneDNN, so fp32 keeps oneDNN above 4 rows).
 // Rows are split over torch's intra-op threads; each row keeps two accumulators per input row
 // (alternate blocks) and is reduced once.
 #include "common.h"
@@ -22,6 +23,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512BF16__) || defined(__AVX2__)
@@ -48,6 +50,18 @@ inline void split_rows(int64_t n_out, Fn row_fn) {
     const int64_t share = (n_out + omp_get_num_threads() - 1) / omp_get_num_threads();
     const int64_t n0 = std::min(n_out, omp_get_thread_num() * share);
     row_fn(n0, std::min(n_out, n0 + share));
+  }
+}
+
+// fn(std::integral_constant<int, M>{}) for M = rows (1-4): the loops' row counts are template
+// arguments, so each keeps its accumulators in registers.
+template <typename Fn>
+inline void with_rows(int64_t rows, Fn fn) {
+  switch (rows) {
+    case 1: fn(std::integral_constant<int, 1>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 3: fn(std::integral_constant<int, 3>{}); break;
+    default: fn(std::integral_constant<int, 4>{}); break;
   }
 }
 
@@ -171,12 +185,7 @@ void blocked_rows_times_weights(const float* xs, const bf16* w, const bf16* bias
       for (int64_t m = 0; m < rows; m += 4) {
         const float* xm = xs + m * k;
         const int64_t mb = std::min<int64_t>(4, rows - m);
-        switch (mb) {
-          case 1: two_by_rows<1>(xm, r0, r1, k, d0, d1); break;
-          case 2: two_by_rows<2>(xm, r0, r1, k, d0, d1); break;
-          case 3: two_by_rows<3>(xm, r0, r1, k, d0, d1); break;
-          default: two_by_rows<4>(xm, r0, r1, k, d0, d1); break;
-        }
+        with_rows(mb, [&](auto g) { two_by_rows<decltype(g)::value>(xm, r0, r1, k, d0, d1); });
         for (int64_t i = 0; i < mb; ++i) {
           out[(m + i) * n_out + n] = cast<bf16>(d0[i] + b0);
           if (n + 1 < n1) out[(m + i) * n_out + n + 1] = cast<bf16>(d1[i] + b1);
@@ -288,12 +297,9 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
     const bf16* wp = weight.data_ptr<bf16>();
     const bf16* bp = static_cast<const bf16*>(b);
     bf16* op = out.data_ptr<bf16>();
-    switch (rows) {
-      case 1: rows_times_weights<1>(xp, wp, bp, op, n_out, k); break;
-      case 2: rows_times_weights<2>(xp, wp, bp, op, n_out, k); break;
-      case 3: rows_times_weights<3>(xp, wp, bp, op, n_out, k); break;
-      default: rows_times_weights<4>(xp, wp, bp, op, n_out, k); break;
-    }
+    with_rows(rows, [&](auto m) {
+      rows_times_weights<decltype(m)::value>(xp, wp, bp, op, n_out, k);
+    });
   }
 #endif
 #if defined(BUCKETSERVE_SMALL_AVX2)
@@ -303,12 +309,12 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
     const bf16* wp = weight.data_ptr<bf16>();
     const bf16* bp = static_cast<const bf16*>(b);
     bf16* op = out.data_ptr<bf16>();
-    switch (rows) {
-      case 1: rows_times_weights_bf16_avx2<1>(xs.data(), wp, bp, op, n_out, k); break;
-      case 2: rows_times_weights_bf16_avx2<2>(xs.data(), wp, bp, op, n_out, k); break;
-      case 3: rows_times_weights_bf16_avx2<3>(xs.data(), wp, bp, op, n_out, k); break;
-      case 4: rows_times_weights_bf16_avx2<4>(xs.data(), wp, bp, op, n_out, k); break;
-      default: blocked_rows_times_weights(xs.data(), wp, bp, op, rows, n_out, k); break;
+    if (rows > kGemvRows) {
+      blocked_rows_times_weights(xs.data(), wp, bp, op, rows, n_out, k);
+    } else {
+      with_rows(rows, [&](auto m) {
+        rows_times_weights_bf16_avx2<decltype(m)::value>(xs.data(), wp, bp, op, n_out, k);
+      });
     }
   }
   if (dtype == at::kFloat) {
@@ -316,12 +322,9 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
     const float* wp = weight.data_ptr<float>();
     const float* bp = static_cast<const float*>(b);
     float* op = out.data_ptr<float>();
-    switch (rows) {
-      case 1: rows_times_weights_f32<1>(xp, wp, bp, op, n_out, k); break;
-      case 2: rows_times_weights_f32<2>(xp, wp, bp, op, n_out, k); break;
-      case 3: rows_times_weights_f32<3>(xp, wp, bp, op, n_out, k); break;
-      default: rows_times_weights_f32<4>(xp, wp, bp, op, n_out, k); break;
-    }
+    with_rows(rows, [&](auto m) {
+      rows_times_weights_f32<decltype(m)::value>(xp, wp, bp, op, n_out, k);
+    });
   }
 #endif
   return out;

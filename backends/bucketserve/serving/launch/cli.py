@@ -51,7 +51,8 @@ SERVE_OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--run-dir", {}),
     ("--dtype", dict(
         help="auto: bfloat16 on GPUs and on CPUs with "
-        "AVX512-BF16/AMX, else float32 (logged at start); or float32, bfloat16")),
+        "AVX512-BF16/AMX, else float32 (logged at start); or float32, bfloat16 (on AVX2-only "
+        "CPUs bfloat16 decodes faster too: docs/measurements.md)")),
     ("--attention", {}),
     ("--block-size", dict(type=int)),
     ("--kv-cache-gb", dict(type=float)),
