@@ -12,7 +12,7 @@ from bucketserve.engine.attention import store_kv
 from bucketserve.engine.attention.cpu_paged import CpuPagedBackend
 from bucketserve.engine.attention.sdpa import SdpaBackend
 from bucketserve.engine.config import EngineConfig, auto_dtype, dtype_reason, resolve_dtype
-from bucketserve.engine.fusion import OneDnnLinear
+from bucketserve.engine.fusion import OneDnnLinear, onednn_bf16_gemms, small_linear_rows
 from bucketserve.engine.model import RMSNorm
 from bucketserve.engine.rope import apply_rope
 from bucketserve.engine.runner import ModelRunner
@@ -166,6 +166,19 @@ def test_auto_on_cpu_logs_its_choice(monkeypatch, caplog):
         assert runner.dtype == torch.float32 and runner.pool.dtype == torch.float32
         assert "dtype float32 (auto: the CPU lacks avx512_bf16" in caplog.text
         assert "cpu float32 (auto: the CPU lacks" in runner.describe()
+    finally:
+        runner.close()
+
+
+def test_the_start_up_line_says_what_runs_the_bf16_linears():
+    runner = ModelRunner(EngineConfig(model="dummy:tiny", device="cpu", dtype="bfloat16",
+                                      num_blocks=8))  # fmt: skip
+    try:
+        rows = small_linear_rows(BF16)
+        small = f"1-{rows} rows: small_linear" if rows else ""
+        gemms = "" if onednn_bf16_gemms() else "GEMMs in float32 over the bfloat16 weights"
+        detail = "; ".join(part for part in (small, gemms) if part)
+        assert f"linears onednn{f' ({detail})' if detail else ''}, " in runner.describe()
     finally:
         runner.close()
 
