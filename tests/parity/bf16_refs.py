@@ -37,7 +37,8 @@ def engine_bf16_skip_reason() -> str | None:
     AVX2's (small_linear over bf16 weights, float32 GEMMs above 4 rows)."""
     if cpu_bf16_flags() or small_linear_available(torch.bfloat16):
         return None
-    return "the engine has no fast bf16 linears on this CPU (neither AVX512-BF16/AMX nor AVX2)"
+    return ("the engine's measured bf16 paths need AVX512-BF16/AMX or an AVX2 CPU without "
+            "AVX-512; this CPU has neither")  # fmt: skip
 
 
 def hf_bf16_skip_reason() -> str | None:
