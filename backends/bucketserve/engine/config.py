@@ -111,7 +111,12 @@ def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
 
     flags = cpu_bf16_flags()
     if not flags:
-        return torch.float32, f"the CPU lacks {' and '.join(CPU_BF16_FLAGS)}"
+        from bucketserve.engine.fusion import small_linear_rows
+
+        hint = ""
+        if small_linear_rows(torch.bfloat16) > 0:  # AVX2 without AVX-512: our bf16 kernels
+            hint = " (--dtype bfloat16 decodes faster here too: docs/measurements.md)"
+        return torch.float32, f"the CPU lacks {' and '.join(CPU_BF16_FLAGS)}{hint}"
     if not is_onednn_available():
         return torch.float32, "this torch build lacks oneDNN's packed linears"
     return torch.bfloat16, f"the CPU has {' and '.join(flags)}"

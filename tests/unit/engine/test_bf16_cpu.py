@@ -151,7 +151,9 @@ def test_auto_picks_bf16_only_on_cpus_with_native_bf16(monkeypatch):
     assert resolve_dtype("auto", CPU) == BF16
     assert dtype_reason("auto", CPU) == "auto: the CPU has avx512_bf16"
     monkeypatch.setattr(engine_config, "cpu_bf16_flags", lambda: ())  # e.g. Zen 3, Ice Lake
-    assert auto_dtype(CPU) == (torch.float32, "the CPU lacks avx512_bf16 and amx_bf16")
+    hint = " (--dtype bfloat16 decodes faster here too: docs/measurements.md)"
+    lacks = "the CPU lacks avx512_bf16 and amx_bf16"
+    assert auto_dtype(CPU) == (torch.float32, lacks + (hint if small_linear_rows(BF16) else ""))
     assert resolve_dtype("auto", CPU) == torch.float32
     assert resolve_dtype("bfloat16", CPU) == BF16  # an explicit dtype overrides
     assert dtype_reason("float32", CPU) == "--dtype float32"
