@@ -12,7 +12,7 @@
 //    float32 copy for larger steps): half fp32's bytes, widened to float32 in registers. 1-4
 //    rows stream like fp32's loop; 5-16 rows run a blocked loop (two weight rows against
 //    groups of 4 x rows) that took 0.49-0.70x the time of oneDNN's fp32 GEMM over the float32
-//    copy at 5-8 rows and 0.77-0.95x at 12-16 (perf/engine/linear_bench.py). The same loop over
+//    copy at 5-8 rows and 0.68-0.95x at 12-16 (perf/engine/linear_bench.py). The same loop over
 //    fp32 weights only tied oneDNN, so fp32 keeps oneDNN above 4 rows.
 // Rows are split over torch's intra-op threads; each row keeps two accumulators per input row
 // (alternate blocks) and is reduced once.
