@@ -1,5 +1,6 @@
 """The server in bfloat16 (the CPU default where bf16 is native; `--dtype bfloat16` on AVX2
-CPUs): prefill and decode instances on the bf16 paths, the KV handed over in bf16. Requests
+CPUs): prefill and decode instances on the bf16 paths, the KV handed over in bf16, and the
+default colocated topology. Requests
 sent one at a time come back token for token as the engine generates them in this process in
 bf16 (the same kernels on the same shapes: each prompt prefilled alone, decoded at batch 1;
 batched, a row's bf16 rounding depends on which kernel its batch size picks, and the engine's
@@ -40,7 +41,16 @@ NEW_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def bf16_server(tmp_path_factory):
+    """P/D (the tests' topology): one prefill and one decode instance, the KV handed over."""
     srv = start_server(tmp_path_factory, dtype="bfloat16")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def bf16_colocated(tmp_path_factory):
+    """The default topology (`auto`: colocated instances, chunked prefill fused with decode)."""
+    srv = start_server(tmp_path_factory, dtype="bfloat16", topology="auto")
     yield srv
     srv.stop()
 
@@ -81,10 +91,12 @@ def test_sequential_requests_equal_the_engine_in_bf16(bf16_server):
     assert not mismatches, mismatches
 
 
-def test_concurrent_requests_all_finish_and_free_their_blocks(bf16_server):
+@pytest.mark.parametrize("topology", ["bf16_server", "bf16_colocated"])
+def test_concurrent_requests_all_finish_and_free_their_blocks(topology, request):
+    server = request.getfixturevalue(topology)
     prompts = [f"{p} (variant {i})" for i in range(4) for p in PROMPTS]  # 16: batched steps
     with cf.ThreadPoolExecutor(len(prompts)) as pool:
-        texts = list(pool.map(lambda p: ask(bf16_server, p), prompts))
+        texts = list(pool.map(lambda p: ask(server, p), prompts))
     assert all(texts), texts
-    waited, blocks = wait_all_blocks_free(bf16_server, timeout_s=10)
+    waited, blocks = wait_all_blocks_free(server, timeout_s=10)
     assert all(free == total > 0 for free, total in blocks.values()), (waited, blocks)
