@@ -20,6 +20,13 @@ def generate(
     )
 
 
+def greedy_text(server, prompt: str, max_tokens: int) -> str:
+    """The text of one greedy (temperature 0) generate call, which must answer 200."""
+    r = generate(server, {"text_input": prompt, "max_tokens": max_tokens, "temperature": 0.0})
+    assert r.status_code == 200, r.text
+    return r.json()["text_output"]
+
+
 def stream_events(
     server, payload: dict, model: str = "bucketserve", timeout: float = 120
 ) -> list[dict]:

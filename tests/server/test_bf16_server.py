@@ -21,7 +21,8 @@ from bucketserve.engine.sampling_params import SamplingParams
 from tests.parity.bf16_refs import engine_bf16_skip_reason
 
 from .conftest import start_server
-from .helpers import generate, wait_all_blocks_free
+from .helpers import greedy_text, wait_all_blocks_free
+from .test_parity_server import PROMPTS as PARITY_PROMPTS
 
 pytestmark = [
     pytest.mark.server,
@@ -30,12 +31,7 @@ pytestmark = [
     ),
 ]
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village,",
-    "SELECT name FROM users WHERE",
-]
+PROMPTS = [PARITY_PROMPTS[i] for i in (0, 1, 2, -1)]  # France, fibonacci, village, SELECT
 NEW_TOKENS = 24
 
 
@@ -56,9 +52,7 @@ def bf16_colocated(tmp_path_factory):
 
 
 def ask(server, prompt: str) -> str:
-    r = generate(server, {"text_input": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0})
-    assert r.status_code == 200, r.text
-    return r.json()["text_output"]
+    return greedy_text(server, prompt, NEW_TOKENS)
 
 
 def test_instances_run_bf16_and_say_so(bf16_server):

@@ -7,7 +7,7 @@ import concurrent.futures as cf
 import pytest
 import torch
 
-from .helpers import generate
+from .helpers import greedy_text
 
 pytestmark = [pytest.mark.server, pytest.mark.parity]
 
@@ -47,9 +47,7 @@ def reference(server):
 
 def test_server_greedy_equals_transformers(server, reference):
     def ask(prompt: str) -> str:
-        r = generate(server, {"text_input": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0})
-        assert r.status_code == 200, r.text
-        return r.json()["text_output"]
+        return greedy_text(server, prompt, NEW_TOKENS)
 
     with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:  # concurrent: batched prefill and decode
         got = dict(zip(PROMPTS, pool.map(ask, PROMPTS), strict=True))
