@@ -20,6 +20,7 @@ import torch
 from bucketserve.engine import cpu_ops
 from bucketserve.engine.fusion import OneDnnLinear
 from bucketserve.engine.shape_table import DUMMY_SHAPES
+from bucketserve.engine.weight_arena import arena_like
 
 
 def layer_shapes(shape: str) -> list[tuple[int, int]]:
@@ -60,13 +61,17 @@ def main() -> None:
     results = {}
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
-        linears, plain = [], []
-        for n, k in shapes:
+        # One arena buffer in read order, as the engine places its streamed weights
+        # (engine/weight_arena.py); the plain sum reads one too.
+        _, plain = arena_like([torch.empty(n, k, dtype=dtype) for n, k in shapes])
+        linears = []
+        for w, (n, k) in zip(plain, shapes, strict=True):
+            w.copy_(0.05 * torch.randn(n, k, generator=g))
             lin = torch.nn.Linear(k, n, bias=False, device="meta")
-            plain.append((0.05 * torch.randn(n, k, generator=g)).to(dtype))
-            lin.weight = torch.nn.Parameter(plain[-1])
+            lin.weight = torch.nn.Parameter(w, requires_grad=False)
             linears.append(OneDnnLinear(lin, small=True))
-        flat = torch.cat([w.reshape(-1) for w in plain])  # the same bytes in one run
+        _, (flat,) = arena_like([torch.empty(sum(w.numel() for w in plain), dtype=dtype)])
+        torch.cat([w.reshape(-1) for w in plain], out=flat)  # the same bytes in one run
         nbytes = flat.numel() * flat.element_size()
         most = min(m.small_rows for m in linears)  # 0: some linear runs oneDNN at every size
         for rows in rows_list:

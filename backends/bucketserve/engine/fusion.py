@@ -12,6 +12,7 @@ from torch import nn
 
 from bucketserve.engine import cpu_ops
 from bucketserve.engine.model import MLP, Attention, CausalLM, RMSNorm
+from bucketserve.engine.weight_arena import own_tensors, place_streamed_weights
 
 
 def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:
@@ -154,6 +155,12 @@ def small_linear_available(dtype: torch.dtype) -> bool:
     return small_linear_rows(dtype) > 0
 
 
+def streams_plain(linear: nn.Linear) -> bool:
+    """small_linear can run this linear's weight (its dtype, and K a multiple of the step)."""
+    step = SMALL_K_STEP.get(linear.weight.dtype)
+    return step is not None and linear.in_features % step == 0
+
+
 class OneDnnLinear(nn.Module):
     """Inference-only Linear whose weight is pre-packed for oneDNN.
 
@@ -178,8 +185,7 @@ class OneDnnLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.gemm_bias = None if self.bias is None else self.bias.to(self.gemm_dtype)
         self.out_features, self.in_features = weight.shape
-        step = SMALL_K_STEP.get(weight.dtype)
-        small = small and step is not None and self.in_features % step == 0
+        small = small and streams_plain(linear)
         self.plain_weight = weight.contiguous() if small else None
         self.small_rows = small_linear_rows(weight.dtype) if small else 0
 
@@ -239,9 +245,12 @@ def pack_for_onednn(model: CausalLM, small: bool | None = None) -> int:
         for name, child in parent.named_children()
         if isinstance(child, nn.Linear)
     ]
+    # Streamed weights first into one buffer: the plain weights are views of it.
+    arena = place_streamed_weights(model, streams_plain) if small else None
     packed = [OneDnnLinear(child, small=small) for _, _, child in targets]  # all or nothing
     for (parent, name, _), linear in zip(targets, packed, strict=True):
         setattr(parent, name, linear)
+    own_tensors(model, arena)
     return len(targets)
 
 
