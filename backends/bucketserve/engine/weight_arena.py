@@ -2,18 +2,18 @@
 
 A decode step of a few rows reads every linear's plain weight once (small_linear, csrc/
 small_linear.cpp): per layer qkv, o, gate/up and down, then the LM head. Loaded one by one,
-those weights sit in as many separate allocations (or in the checkpoint's own buffers); copied
-into one private anonymous mapping, 2 MiB-aligned, with transparent huge pages asked for where
-the kernel offers them (`madvise`), the step reads one region front to back. On a 2-core AVX2
-EPYC VM that took the batch-1 bf16 step 0.92x the time of the same weights where they were
-loaded (interleaved rounds in one process, docs/measurements.md).
+those weights sit in as many separate allocations (or, for a float32 checkpoint, in views of
+safetensors' file mapping); copied into one private anonymous mapping, 2 MiB-aligned, with
+transparent huge pages advised where the kernel offers them, the step reads one region front to
+back. On a 2-core AVX2 EPYC VM the batch-1 step took 0.89x (bf16) and 0.96x (fp32) the time of
+the same weights where they were loaded (two runners interleaved in one process:
+perf/engine/weight_arena_bench.py, docs/measurements.md).
 
-The weights are moved before oneDNN packs them, not duplicated: each linear's weight becomes a
-view of the buffer (small_linear's `plain_weight`, and what oneDNN packs from) and the old
-tensor is dropped; a tied LM head's table stays the embedding's. glibc
-keeps most of what the old tensors freed for its own reuse; `malloc_trim` hands it back, so
-the process's resident memory ends no higher than before the move (~100 MB lower for SmolLM2
-in bf16: the loader's leftovers go too).
+The weights are moved before oneDNN packs them, one at a time, not duplicated: each linear's
+weight becomes a view of the buffer (small_linear's `plain_weight`, and what oneDNN packs from);
+a tied LM head's table stays the embedding's. `own_tensors` then copies out whatever the model
+keeps that is still a view of another buffer and hands the freed heap back (`malloc_trim`), so
+no loader buffer stays resident: RSS 91 MB (bf16) and 267 MB (fp32) lower for SmolLM2.
 """
 
 from __future__ import annotations
