@@ -236,7 +236,9 @@ def warm_onednn(model: CausalLM, max_rows: int, max_logit_rows: int) -> int:
 def pack_for_onednn(model: CausalLM, small: bool | None = None) -> int:
     """Swap every nn.Linear for a OneDnnLinear (CPU float32/bfloat16); returns how many.
     `small` (default: small_linear_available() for the model's dtype): linears also keep
-    their plain weight for small_linear."""
+    their plain weight for small_linear, moved first into one buffer in the order a decode
+    step reads them (engine/weight_arena.py). Afterwards the model owns every tensor it keeps
+    (`own_tensors`: no loader buffer stays resident)."""
     if small is None:
         small = small_linear_available(next(model.parameters()).dtype)
     targets = [

@@ -101,14 +101,14 @@ def own_tensors(model, arena: torch.Tensor | None = None) -> int:
     (the size of the checkpoint, after oneDNN has packed copies of its linears). Tensors shared
     between modules stay shared. Returns how many were copied."""
     keep = arena.untyped_storage().data_ptr() if arena is not None else None
-    copies: dict[int, torch.Tensor] = {}
+    copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (original, copy)
 
     def own(t: torch.Tensor) -> torch.Tensor:
         if t.device.type != "cpu" or t.is_mkldnn or t.untyped_storage().data_ptr() == keep:
             return t
-        if id(t) not in copies:
-            copies[id(t)] = t.clone()
-        return copies[id(t)]
+        if id(t) not in copies:  # the original is held until the end: its id stays unique
+            copies[id(t)] = (t, t.clone())
+        return copies[id(t)][1]
 
     for module in model.modules():
         for name, param in list(module.named_parameters(recurse=False)):
@@ -118,8 +118,10 @@ def own_tensors(model, arena: torch.Tensor | None = None) -> int:
         for name, value in list(vars(module).items()):
             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
                 setattr(module, name, own(value))
+    count = len(copies)
+    copies.clear()  # the originals go here, before the heap is trimmed
     release_freed_memory()
-    return len(copies)
+    return count
 
 
 def release_freed_memory() -> bool:
