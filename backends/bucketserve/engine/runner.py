@@ -127,13 +127,19 @@ class ModelRunner:
 
     def _linear_detail(self) -> str:
         """What runs the oneDNN linears' small steps (csrc/small_linear.cpp: bf16 on AVX512-BF16
-        CPUs, fp32 and bf16 on AVX2 CPUs without AVX-512) and in which dtype their GEMMs run
-        when it is not the model's (bf16 weights on CPUs without oneDNN bf16 GEMMs)."""
+        CPUs, fp32 and bf16 on AVX2 CPUs without AVX-512) and where their weights are (one
+        buffer: engine/weight_arena.py), and in which dtype their GEMMs run when it is not the
+        model's (bf16 weights on CPUs without oneDNN bf16 GEMMs)."""
         linears = [m for m in self.model.modules() if isinstance(m, OneDnnLinear)]
         parts = []
         rows = max((m.small_rows for m in linears), default=0)
         if rows:
-            parts.append(f"1-{rows} rows: small_linear")
+            plain = [m.plain_weight for m in linears if m.plain_weight is not None]
+            buffers = {w.untyped_storage().data_ptr() for w in plain}
+            where = ""
+            if len(buffers) == 1:  # engine/weight_arena.py placed them
+                where = f", its {sum(w.nbytes for w in plain) / 2**20:.0f} MB in one buffer"
+            parts.append(f"1-{rows} rows: small_linear{where}")
         gemm = {m.gemm_dtype for m in linears if m.gemm_dtype != m.dtype}
         if gemm:
             names = ", ".join(sorted(str(d).removeprefix("torch.") for d in gemm))
