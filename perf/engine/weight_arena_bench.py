@@ -15,16 +15,14 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from unittest import mock
 
 import torch
 from bucketserve.bench.floor import read_bandwidth
 from bucketserve.engine import fusion
-from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.config import EngineConfig
 from bucketserve.engine.runner import ModelRunner
-from bucketserve.engine.sequence import Sequence
+from decode_path_bench import steps  # this folder: the same decode steps
 
 
 def rss_mb() -> float:
@@ -50,27 +48,6 @@ def fresh_rss_mb(args, dtype: str, arena: bool) -> float:
     cmd = [sys.executable, __file__, "--rss-of", f"{dtype},{int(arena)}", "--model", args.model,
            "--batch-sizes", args.batch_sizes]  # fmt: skip
     return float(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()[-1])
-
-
-def step_times(runner: ModelRunner, batch: int, args) -> list[float]:
-    """Seconds of `args.steps` decode steps after a prefill of `args.prompt_len` tokens."""
-    bm = BlockManager(runner.num_blocks, runner.block_size)
-    seqs = [Sequence(list(range(100 + i, 100 + i + args.prompt_len))) for i in range(batch)]
-    for seq in seqs:
-        bm.allocate_for(seq)
-    runner.prefill_logits(seqs)
-    times = []
-    for step in range(args.steps + 2):
-        for seq in seqs:
-            seq.append_token(7 + step)
-            bm.ensure_slot(seq)
-        start = time.perf_counter()
-        runner.decode_logits(seqs)
-        if step >= 2:  # two warm-up steps
-            times.append(time.perf_counter() - start)
-    for seq in seqs:
-        bm.release(seq)
-    return times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             med = {"loaded": [], "arena": []}
             for _ in range(args.rounds):
                 for name, runner in (("loaded", loaded), ("arena", arena)):
-                    med[name].append(statistics.median(step_times(runner, batch, args)))
+                    times, _ = steps(runner, type(runner.model), batch, args)  # the model as is
+                    med[name].append(statistics.median(times))
             ratios = [a / b for a, b in zip(med["arena"], med["loaded"], strict=True)]
             print(json.dumps({
                 "dtype": dtype, "batch": batch, "threads": torch.get_num_threads(),

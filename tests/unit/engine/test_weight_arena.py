@@ -105,9 +105,9 @@ def test_a_float32_checkpoint_file_is_not_kept_mapped(tmp_path):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_decoding_over_the_arena_matches_the_loaded_layout(dtype):
     if not fusion.small_linear_available(getattr(torch, dtype)):
-        pytest.skip(f"no {dtype} small_linear on this CPU, so no arena: it is built where the "
-                    "decode step streams plain weights (bf16 with AVX512-BF16 or AVX2, fp32 on "
-                    "AVX2 CPUs without AVX-512)")  # fmt: skip
+        pytest.skip(f"no {dtype} small_linear on this CPU, so no arena to compare; runs on "
+                    "CPUs where the decode step streams plain weights: bf16 with AVX512-BF16 or "
+                    "AVX2, fp32 on AVX2 CPUs without AVX-512")  # fmt: skip
     config = dict(model="dummy:tiny", device="cpu", dtype=dtype, num_blocks=64, seed=0)
     runner = ModelRunner(EngineConfig(**config))
     assert runner.model.lm_head.plain_weight is not None
