@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     import torch
 
 # torch is imported where weights are touched, not here: the serving stubs that only resolve
-# the model (preprocessing, the scheduler) start ~4 s sooner without it.
+# the model (preprocessing, the scheduler) start ~4 s sooner without it
+# (docs/platform-notes.md#p35-imports-that-cost-seconds-at-start-up).
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"

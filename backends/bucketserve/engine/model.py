@@ -120,6 +120,7 @@ class Backbone(nn.Module):
         super().__init__()
         # _weight: no random init (the loader assigns every weight); on the meta device
         # Embedding's normal_ would import torch._dynamo, 3-4 s of each engine's start-up
+        # (docs/platform-notes.md#p35-imports-that-cost-seconds-at-start-up)
         empty = torch.empty(config.vocab_size, config.hidden_size)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=empty)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))

@@ -37,6 +37,7 @@ def model_info(cfg: ServeConfig) -> ModelInfo:
 # AutoTokenizer's for these files (transformers 5): a tokenizer_config naming the backend, no
 # remote code, and a model type AutoTokenizer maps to no class of its own (qwen2's names
 # Qwen2Tokenizer whatever the file says). Anything else goes through AutoTokenizer.
+# docs/platform-notes.md#p35-imports-that-cost-seconds-at-start-up
 PLAIN_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
 PLAIN_TOKENIZER_MODEL_TYPES = frozenset({"llama"})
 

@@ -101,6 +101,10 @@ class TritonServer:
             f"--log-verbose={c.log_verbose}",
             "--exit-on-error=true",
             "--exit-timeout-secs=10",
+            # every config.pbtxt is complete: without this the Python backend first starts a
+            # stub per model to ask it to complete its config (~10 s of CPU per server start;
+            # docs/platform-notes.md#p36-config-auto-complete-starts-a-stub-per-model)
+            "--disable-auto-complete-config",
             "--metrics-config=summary_latencies=true",
             # the backend's own regions carry our run id, so clean_shm finds them after a crash
             # (docs/platform-notes.md#p17-shared-memory-left-after-a-stub-died)
