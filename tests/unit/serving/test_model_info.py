@@ -73,6 +73,14 @@ def test_other_tokenizers_go_through_auto_tokenizer(
     assert not loads_plain_tokenizer(copy_with(smollm2_dir, tmp_path, config, tokenizer_config))
 
 
+def test_auto_tokenizer_picks_its_own_class_for_qwen2(smollm2_dir, tmp_path):
+    """Why the model type is part of the rule: the same files under qwen2 load another class."""
+    from transformers import AutoTokenizer
+
+    tokenizer_dir = copy_with(smollm2_dir, tmp_path, {"model_type": "qwen2"})
+    assert type(AutoTokenizer.from_pretrained(tokenizer_dir)).__name__ == "Qwen2Tokenizer"
+
+
 def test_a_directory_without_tokenizer_files_is_not_plain(tmp_path):
     assert not loads_plain_tokenizer(str(tmp_path))
 
