@@ -15,12 +15,12 @@ import json
 import statistics
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 import psutil
 from bucketserve.bench.runinfo import cpu_model, git_commit, machine_name
-from bucketserve.serving.launch.procs import STUB_NAME, stub_instance
+from bucketserve.bench.soak_report import by_process
+from bucketserve.serving.launch.procs import stub_instance
 from bucketserve.serving.launch.serve_process import ServeProcess
 
 
@@ -31,18 +31,7 @@ def cpu_s(p: psutil.Process) -> float:
 
 def cpu_by_process(sp: ServeProcess) -> dict[str, float]:
     """CPU seconds so far: the launcher, tritonserver, each stub (by model, instances summed)."""
-    out: dict[str, float] = defaultdict(float)
-    out["launcher"] = cpu_s(psutil.Process(sp.proc.pid))
-    for p in sp.processes():
-        try:
-            cmd, used = p.info["cmdline"], cpu_s(p)
-        except psutil.Error:
-            continue
-        if cmd[0].endswith("tritonserver"):
-            out["tritonserver"] += used
-        elif cmd[0].endswith(STUB_NAME):
-            out[stub_instance(cmd).rsplit("_", 2)[0]] += used
-    return dict(out)
+    return by_process(sp, cpu_s, lambda cmd: stub_instance(cmd).rsplit("_", 2)[0])
 
 
 def one_start(topology: str, args: argparse.Namespace) -> dict:

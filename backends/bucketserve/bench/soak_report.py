@@ -11,6 +11,25 @@ from bucketserve.serving.launch.procs import STUB_NAME, stub_instance
 from bucketserve.serving.launch.serve_process import ServeProcess
 
 
+def by_process(sp: ServeProcess, measure, stub_key=stub_instance) -> dict[str, float]:
+    """{launcher | tritonserver | stub_key(stub's command line): measure(process)} over the live
+    processes of a run; stubs that share a key add up (e.g. the instances of one model)."""
+    out = {"launcher": measure(psutil.Process(sp.proc.pid))}
+    for p in sp.processes():
+        try:
+            cmd, value = p.info["cmdline"], measure(p)
+        except psutil.Error:
+            continue
+        if cmd[0].endswith("tritonserver"):
+            key = "tritonserver"
+        elif cmd[0].endswith(STUB_NAME):
+            key = stub_key(cmd)
+        else:
+            continue
+        out[key] = out.get(key, 0) + value
+    return out
+
+
 def rss_by_process(sp: ServeProcess, private: bool = False) -> dict[str, int]:
     """{launcher | tritonserver | stub instance: RSS bytes} for the live processes of a run;
     `private`: RSS less its shared pages (the stubs' shared-memory regions count in the RSS of
@@ -20,17 +39,7 @@ def rss_by_process(sp: ServeProcess, private: bool = False) -> dict[str, int]:
         m = p.memory_info()
         return m.rss - m.shared if private else m.rss
 
-    out = {"launcher": size(psutil.Process(sp.proc.pid))}
-    for p in sp.processes():
-        try:
-            cmd, rss = p.info["cmdline"], size(p)
-        except psutil.Error:
-            continue
-        if cmd[0].endswith("tritonserver"):
-            out["tritonserver"] = rss
-        elif cmd[0].endswith(STUB_NAME):
-            out[stub_instance(cmd)] = rss
-    return out
+    return by_process(sp, size)
 
 
 def rss_growth(rss: dict) -> dict[str, float]:
