@@ -16,6 +16,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -80,6 +81,12 @@ def _load_library() -> None:
     if built.exists():  # cached: no compiler or ninja needed
         torch.ops.load_library(str(built))
         return
+    log.info("building C++ CPU kernels into %s (once)", build_dir)
+    build(name, SOURCES, build_dir)
+
+
+def build(name: str, sources: Sequence[Path], build_dir: Path) -> None:
+    """Compile and load `sources` as the op library `name`, past a lock a killed build left."""
     from torch.utils import cpp_extension
 
     try:  # the ninja wheel's binary, when PATH does not have one (e.g. inside Triton's stub)
@@ -93,10 +100,9 @@ def _load_library() -> None:
     if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
         log.warning("removing a stale build lock %s", lock)
         lock.unlink(missing_ok=True)
-    log.info("building C++ CPU kernels into %s (once)", build_dir)
     cpp_extension.load(
         # Copies: torch's loader appends to the flag lists it is given.
-        name=name, sources=[str(p) for p in SOURCES], extra_cflags=list(CFLAGS),
+        name=name, sources=[str(p) for p in sources], extra_cflags=list(CFLAGS),
         extra_ldflags=list(LDFLAGS), build_directory=str(build_dir), is_python_module=False,
         verbose=False,
     )  # fmt: skip
