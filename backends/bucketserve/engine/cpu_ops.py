@@ -2,7 +2,7 @@
 
 The build is tuned for the machine that runs it (-march=native), so the cache key includes
 the CPU's feature flags as well as the sources, the flags and the torch version. The first
-load compiles (about 10 s; `make setup` does it ahead of time); later loads only open the
+load compiles (56 s on 2 idle cores; `make setup` does it ahead of time); later loads only open the
 cached library. Without a C++ compiler the engine falls back to torch ops (SDPA attention).
 
     python -m bucketserve.engine.cpu_ops     # build now and report
@@ -31,7 +31,7 @@ CFLAGS = (
     "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math", "-fno-math-errno",
 )  # fmt: skip
 LDFLAGS = ("-fopenmp",)  # libgomp resolves to the copy torch already loaded (same soname)
-STALE_LOCK_S = 300.0  # a build takes ~10 s; a lock this old belongs to a killed build
+STALE_LOCK_S = 300.0  # a build takes ~1 min on 2 cores; a lock this old belongs to a killed build
 CACHE_ROOT = Path(os.environ.get("BUCKETSERVE_CACHE", Path.home() / ".cache" / "bucketserve"))
 
 _loaded: bool | None = None
