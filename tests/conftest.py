@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-SERIAL = ("parity", "server")  # folders under tests/ whose tests share one worker, in this order
+SERIAL = ("parity", "server")  # folders whose tests share one worker, in collection order
 
 
 def work_unit(nodeid: str) -> str:
