@@ -1,11 +1,12 @@
 """Test-run layout for `make test` (pytest-xdist, `-n 2`).
 
-The parity and server tests run one after another on one worker, as they would without
-xdist: a server test starts tritonserver and a stub per model instance, a parity session holds
-transformers' model and references and runs the engine on one thread, and two of either at
-once do not fit a 2-core, 24 GiB machine (run side by side, a parity worker and a server
-worker met the kernel's OOM killer). The unit tests, a module at a time, fill the core that a
-parity or server test leaves idle on the other worker.
+The server tests run one after another on one worker, as they would without xdist: each
+starts tritonserver and a stub per model instance (an engine stub holds ~2.1 GB), and two
+modules' servers at once do not fit a 2-core, 24 GiB machine. The parity tests (transformers'
+model and references, the engine on one thread: ~4.8 GB) run as one unit on the other worker,
+then the unit tests a module at a time. The server tests' two shared servers are stopped after
+their last test (tests/server/conftest.py), so the server worker peaks near one module's
+servers, not three.
 
 xdist's own `--dist loadgroup` would say this with marks, but with pytest 9.2 it groups
 nothing (it renames `item._nodeid`, which pytest 9 no longer reads: pytest-xdist#1386,
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 import pytest
 
-SERIAL = ("parity", "server")  # folders whose tests share one worker, in collection order
+UNITS = ("parity", "server")  # folders whose tests are one unit of work each, in collection order
 
 
 def work_unit(nodeid: str) -> str:
-    """xdist's unit of work for a test: one for every test under SERIAL, else its module."""
+    """xdist's unit of work for a test: its folder for the folders in UNITS, else its module."""
     path = nodeid.split("::")[0]
-    return "serial" if path.split("/")[1] in SERIAL else path
+    folder = path.split("/")[1]
+    return folder if folder in UNITS else path
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (requirements.txt)
@@ -30,8 +32,8 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class FolderScheduling(LoadScopeScheduling):
-        """LoadScopeScheduling over work_unit; the largest unit goes out first (the serial
-        one), and a worker takes another only once its own is all but done."""
+        """LoadScopeScheduling over work_unit; the largest unit goes out first (the server
+        tests), and a worker takes another only once its own is all but done."""
 
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)

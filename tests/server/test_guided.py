@@ -20,10 +20,11 @@ ASK = "Describe a person who lives in Paris, as JSON."
 
 
 @pytest.fixture(scope="module", params=["server", "colocated"])
-def front(request):
+def front(request, server, colocated):
     """The shared server of each topology (disaggregated, colocated); yields (server, openai
-    client)."""
-    server = request.getfixturevalue(request.param)
+    client). Both are arguments, not `request.getfixturevalue`: tests/server/conftest.py orders
+    the modules by the shared servers their tests name."""
+    server = {"server": server, "colocated": colocated}[request.param]
     return server, openai_client(server)
 
 
