@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -31,6 +32,18 @@ from bucketserve.engine.step_stats import StepStats
 log = logging.getLogger(__name__)
 
 PAGED_BACKENDS = ("flash_attn", "triton", "cpu_paged")  # decode reads [B, max_blocks] tables
+
+
+def to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on `device` (CUDA: from pinned memory, without blocking)."""
+    is_cuda = device.type == "cuda"
+    t = torch.tensor(data, dtype=dtype, pin_memory=is_cuda)
+    return t.to(device, non_blocking=True) if is_cuda else t
+
+
+def tokenizer_dir(model_dir: str | None, model: str) -> str:
+    """Directory with the tokenizer of `model` (SmolLM2's for dummy shapes, resolved then)."""
+    return model_dir or loader.resolve_model(model)
 
 
 class ModelRunner:
@@ -80,7 +93,9 @@ class ModelRunner:
             self.model_config, self.num_blocks + 1, self.block_size, self.dtype, self.device, name
         )  # pool: [L, 2, num_blocks + 1, block_size, KVH, hd]
         mc = self.model_config  # structured output compiles against this tokenizer, on demand
-        grammars = GrammarCache(lambda: self.tokenizer_dir, mc.vocab_size, mc.eos_token_ids)
+        model_dir, model = self._model_dir, config.model  # not `self`: no reference cycle
+        grammars = GrammarCache(lambda: tokenizer_dir(model_dir, model), mc.vocab_size,
+                                mc.eos_token_ids)  # fmt: skip
         self.sampler = Sampler(self.device, config.seed, grammars)
         self.stats = StepStats()
         self._graphs = self._decode_graphs() if config.static_decode else None
@@ -97,22 +112,27 @@ class ModelRunner:
             self.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
         )
 
-    def _decode_graphs(self) -> DecodeGraphs | None:
+    def _decode_graphs(self, pad: bool = False) -> DecodeGraphs | None:
         """The static decode step, for attention backends that read block tables (SDPA plans
         its gathers per step, so it stays dynamic)."""
         if self.attention_backend not in PAGED_BACKENDS:
             return None
         max_blocks = -(-self.model_config.max_model_len // self.block_size)
         inputs = StaticDecodeInputs(self.config.max_num_seqs, max_blocks, self.block_size,
-                                    self.num_blocks, self.device, self._tensor)  # fmt: skip
+                                    self.num_blocks, self.device,
+                                    functools.partial(to_device, device=self.device))  # fmt: skip
         use_graphs = self.device.type == "cuda" and self.config.cuda_graphs
-        return DecodeGraphs(self._static_forward, inputs, use_graphs, pad=False)
+        # The step closes over what it reads, not over `self`: a runner that holds a reference
+        # to itself lives on, weights and KV pool with it, until Python's cyclic collector runs
+        # (an in-process parity session grew to 12 GB of RSS that way).
+        model, pool, backend = self.model, self.pool, self._backend
 
-    def _static_forward(self, padded: int) -> torch.Tensor:
-        ids, pos = self._graphs.inputs.ids_positions(padded)
-        meta = self._graphs.inputs.metadata(padded)
-        hidden = self.model(ids, pos, meta, self.pool, self._backend)
-        return self.model.compute_logits(hidden)
+        def static_forward(padded: int) -> torch.Tensor:
+            ids, pos = inputs.ids_positions(padded)
+            hidden = model(ids, pos, inputs.metadata(padded), pool, backend)
+            return model.compute_logits(hidden)
+
+        return DecodeGraphs(static_forward, inputs, use_graphs, pad=pad)
 
     def describe(self) -> str:
         """One line for logs: model, device, dtype and which implementation runs each part."""
@@ -155,7 +175,7 @@ class ModelRunner:
     @property
     def tokenizer_dir(self) -> str:
         """Directory with the tokenizer (SmolLM2's for dummy shapes, resolved on first use)."""
-        return self._model_dir or loader.resolve_model(self.config.model)
+        return tokenizer_dir(self._model_dir, self.config.model)
 
     def _load_model_config(self) -> ModelConfig:
         dtype_name = str(resolve_dtype(self.config.dtype, self.device)).removeprefix("torch.")
@@ -333,9 +353,7 @@ class ModelRunner:
         return slots
 
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
-        is_cuda = self.device.type == "cuda"
-        t = torch.tensor(data, dtype=dtype, pin_memory=is_cuda)
-        return t.to(self.device, non_blocking=True) if is_cuda else t
+        return to_device(data, dtype, self.device)
 
     def _sample_rows(self, seqs: list[Sequence]) -> list[SampleRow]:
         eos = self.model_config.eos_token_ids

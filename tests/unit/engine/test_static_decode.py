@@ -9,7 +9,7 @@ import pytest
 import torch
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.config import EngineConfig
-from bucketserve.engine.cuda_graphs import DecodeGraphs, capture_sizes
+from bucketserve.engine.cuda_graphs import capture_sizes
 from bucketserve.engine.decode_inputs import StaticDecodeInputs
 from bucketserve.engine.runner import ModelRunner
 
@@ -27,7 +27,7 @@ def runners():
     assert dynamic._graphs is None and static._graphs is not None
     # pad like a captured step would (3 rows run as 4, 5 as 8): the padded rows must not
     # disturb the real ones
-    static._graphs = DecodeGraphs(static._static_forward, static._graphs.inputs, False, pad=True)
+    static._graphs = static._decode_graphs(pad=True)
     yield dynamic, static
     dynamic.close()
     static.close()
