@@ -4,9 +4,9 @@ The server tests run one after another on one worker, as they would without xdis
 starts tritonserver and a stub per model instance (an engine stub holds ~2.1 GB), and two
 modules' servers at once do not fit a 2-core, 24 GiB machine. The parity tests (transformers'
 model and references, the engine on one thread: up to ~3.3 GB) run as one unit on the other
-worker, then the unit tests a module at a time. The server tests' two shared servers are stopped after
-their last test (tests/server/conftest.py), so the server worker peaks near one module's
-servers, not three.
+worker, then the unit tests a module at a time. The server tests' two shared servers are
+stopped after their last test (tests/server/conftest.py), so the server worker peaks near one
+module's servers, not three.
 
 xdist's own `--dist loadgroup` would say this with marks, but with pytest 9.2 it groups
 nothing (it renames `item._nodeid`, which pytest 9 no longer reads: pytest-xdist#1386,

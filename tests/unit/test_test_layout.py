@@ -3,14 +3,17 @@ another, and the unit tests one unit per module."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from tests.conftest import work_unit
+from tests.server.conftest import session_servers_first
 
 
 def test_parity_and_server_tests_are_one_unit_each_and_unit_tests_go_by_module():
     assert work_unit("tests/parity/test_chunked_parity.py::test_x[cpu_paged-16]") == "parity"
     assert work_unit("tests/parity/test_logprobs.py::test_y") == "parity"
-    assert {work_unit("tests/server/test_faults.py::test_y"),
-            work_unit("tests/server/test_hybrid.py::TestA::test_z[bucketserve@x]")} == {"server"}  # fmt: skip
+    assert work_unit("tests/server/test_faults.py::test_y") == "server"
+    assert work_unit("tests/server/test_hybrid.py::TestA::test_z[bucketserve@x]") == "server"
     assert (
         work_unit("tests/unit/engine/test_runner.py::test_a[1]")
         == "tests/unit/engine/test_runner.py"
@@ -19,10 +22,6 @@ def test_parity_and_server_tests_are_one_unit_each_and_unit_tests_go_by_module()
 
 
 def test_session_server_modules_run_first_and_each_server_knows_its_last_test():
-    from types import SimpleNamespace
-
-    from tests.server.conftest import session_servers_first
-
     def item(nodeid, *fixtures):
         return SimpleNamespace(nodeid=nodeid, fixturenames=["tmp_path", *fixtures])
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
 from bucketserve.engine.block_manager import BlockManager
 from bucketserve.engine.config import EngineConfig
+from bucketserve.engine.llm_engine import LLMEngine
 from bucketserve.engine.runner import ModelRunner
 from bucketserve.engine.sampling_params import SamplingParams
 from bucketserve.engine.sequence import Sequence
@@ -149,11 +152,6 @@ def test_a_dropped_engine_frees_its_runner_without_the_cyclic_collector(attentio
     """No reference cycle through the runner: weights and KV pool go when the last reference
     does, not when Python's cyclic collector next runs (an in-process parity session held
     every closed runner, 12 GB, until then)."""
-    import gc
-    import weakref
-
-    from bucketserve.engine.llm_engine import LLMEngine
-
     gc.collect()
     gc.disable()
     try:
